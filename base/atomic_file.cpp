@@ -41,6 +41,9 @@ TempSlot g_temp_slots[kTempSlots];
 // (a thread's work, never a signal handler's: removing a tree allocates).
 std::mutex g_folders_mutex;
 std::vector<std::string> g_unfinished_folders;
+// replace_file / replace_folder calls that put their new version in place (replacements_done).
+std::atomic<uint64_t> g_replacements{0};
+
 // Held by a swap into place; remove_unfinished_folders takes it for good, so no swap starts
 // (nor moves a folder it is removing into place) while the process ends.
 std::mutex g_swap_mutex;
@@ -311,21 +314,26 @@ void set_atomic_write_hook(std::function<void(const std::string& event, const st
   write_hook() = std::move(hook);
 }
 
-void remove_unfinished_temporaries() noexcept {
+size_t remove_unfinished_temporaries() noexcept {
+  size_t removed = 0;
   for (TempSlot& s : g_temp_slots)
     if (s.state.load() == 2) {
-      ::unlink(s.tmp);
+      removed += ::unlink(s.tmp) == 0;
       if (s.marker[0] != '\0') ::unlink(s.marker);
     }
   // then the folders record_unfinished_file named, once empty: a pass per level they may nest
   for (int pass = 0; pass < 16; ++pass)
     for (TempSlot& s : g_temp_slots)
-      if (s.state.load() == 2 && s.marker[0] == '\0') ::rmdir(s.tmp);
+      if (s.state.load() == 2 && s.marker[0] == '\0') removed += ::rmdir(s.tmp) == 0;
+  return removed;
 }
 
-void remove_unfinished_folders() noexcept {
+uint64_t replacements_done() noexcept { return g_replacements.load(); }
+
+size_t remove_unfinished_folders() noexcept {
   static std::atomic<bool> called{false};
-  if (called.exchange(true)) return;
+  if (called.exchange(true)) return 0;
+  size_t removed = 0;
   // never released: the caller ends the process, and no swap may move a folder into place meanwhile
   g_swap_mutex.lock();
   std::vector<std::string> folders;
@@ -336,9 +344,14 @@ void remove_unfinished_folders() noexcept {
   for (const std::string& tmp : folders) {
     std::error_code ec;
     // a writer still filling it may add a file between two passes
+    const bool existed = fs::exists(fs::symlink_status(tmp, ec));
     for (int pass = 0; pass < 3 && fs::exists(fs::symlink_status(tmp, ec)); ++pass) fs::remove_all(tmp, ec);
-    if (!fs::exists(fs::symlink_status(tmp, ec))) drop_marker(tmp);
+    if (!fs::exists(fs::symlink_status(tmp, ec))) {
+      drop_marker(tmp);
+      removed += existed;
+    }
   }
+  return removed;
 }
 
 int record_unfinished_file(const std::string& path) noexcept { return register_temporary(path, ""); }
@@ -367,6 +380,7 @@ void replace_file(const std::string& path, const std::function<void(const std::s
     sync_path(tmp, false);
     fs::rename(tmp, path, ec);
     if (ec) fail(path, fmt::format("cannot move into place: {}", ec.message()));
+    g_replacements.fetch_add(1);
     unregister_temporary(slot);
     drop_marker(tmp);
     sync_path(parent_of(path), true);
@@ -441,6 +455,7 @@ void fill_and_swap(const std::string& d, const std::string& tmp,
     }
     fail(d, fmt::format("cannot move the new version into place: {}", msg));
   }
+  g_replacements.fetch_add(1);
   drop_marker(tmp);
   sync_path(parent_of(d), true);
   if (had_old) {

@@ -22,6 +22,8 @@
 // its marker and is reported (set_leftover_reporter), and so is it by each later clean until it
 // can be removed.
 #pragma once
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <optional>
@@ -55,7 +57,8 @@ void replace_file(const std::string& path, const std::function<void(const std::s
 /// Async-signal-safe (unlink over a fixed table); a replace_file whose temporary it removed
 /// fails if it ever resumes. Folders of replace_folder are not covered (remove_unfinished_folders
 /// removes them, outside the handler; else the next run's clean_stale_temporaries, as after a kill).
-void remove_unfinished_temporaries() noexcept;
+/// Returns how many temporaries and recorded folders it removed.
+size_t remove_unfinished_temporaries() noexcept;
 
 /// Removes the temporary folders (and their owner markers) of every replace_folder of this
 /// process that has not finished, for a process about to end on a signal: a half-written
@@ -63,7 +66,13 @@ void remove_unfinished_temporaries() noexcept;
 /// a folder into place (one swapping right now finishes first: its folder is complete, no
 /// longer a temporary); the caller ends the process (std::_Exit) right after. Not
 /// async-signal-safe: a thread that the signal handler wakes calls it.
-void remove_unfinished_folders() noexcept;
+/// Returns how many it removed (0 on every call after the first).
+size_t remove_unfinished_folders() noexcept;
+
+/// How many replace_file / replace_folder calls of this process have moved their new version
+/// into place so far (a stop signal's exit tells an output finished before it from one it cut
+/// short). Lock-free.
+uint64_t replacements_done() noexcept;
 
 /// Adds a file this process made and removes itself when done (a builders' lock file it
 /// created), or a folder it made for one (removed only while empty, after the files), to what

@@ -24,9 +24,9 @@ class ExitThread {
   ExitThread& operator=(const ExitThread&) = delete;
 };
 
-/// From a signal handler while an ExitThread is alive: writes `line` (`n` bytes) to stderr,
-/// removes this process's unfinished temporary files (remove_unfinished_temporaries) and wakes
-/// the ExitThread, which removes the unfinished folders and exits with 130. Called again while
+/// From a signal handler while an ExitThread is alive: writes `line` (`n` bytes; none when null)
+/// to stderr, removes this process's unfinished temporary files (remove_unfinished_temporaries)
+/// and wakes the ExitThread, which removes the unfinished folders and exits with 130. Called again while
 /// that exit is under way (a slow removal, a third Ctrl-C), it exits with 130 at once.
 /// Async-signal-safe.
 void exit_from_handler(const char* line, size_t n) noexcept;
@@ -54,14 +54,19 @@ class SignalHandlers {
 };
 
 /// For a command that writes its output once (`convert`, `merge`, `export-gguf`): while alive,
-/// SIGINT, SIGTERM or SIGHUP ends the process with status 130 after one line on stderr
-/// ("roundpipe: interrupted: the unfinished output was removed, nothing else changed"), removing
-/// the unfinished temporaries and folders of its replace_file / replace_folder calls (an output
-/// already moved into place stays; a move under way finishes first). Without it the default
-/// action would leave them until the next writer into the same folder cleans them.
+/// SIGINT, SIGTERM or SIGHUP ends the process with status 130, removing the unfinished
+/// temporaries and folders of its replace_file / replace_folder calls (a move into place under
+/// way finishes first), then one line on stderr says which happened: "roundpipe: interrupted: "
+/// + "the unfinished output was removed, nothing else changed", "the output had already been
+/// written in full and is kept" or "nothing had been written, nothing changed". Without it the
+/// default action would leave a half-written output until the next writer into the same place
+/// cleans it. One at a time.
 class ExitOnStopSignals {
  public:
   ExitOnStopSignals();
+  ~ExitOnStopSignals();
+  ExitOnStopSignals(const ExitOnStopSignals&) = delete;
+  ExitOnStopSignals& operator=(const ExitOnStopSignals&) = delete;
 
  private:
   ExitThread exit_;  // destroyed after the handlers are restored: no signal reaches it then

@@ -203,8 +203,23 @@ TEST(CliOutputCleanup, AStopSignalDuringConvertOrExportTakesBackTheUnfinishedOut
                      (d / "x.gguf.tmp-*").string(), SIGINT);
   if (e.sent && e.rc == "130\n") {
     ++ran;
-    EXPECT_FALSE(fs::exists(d / "x.gguf")) << e.err;
+    // a signal that came once the file was in place says so, and the file stays
+    const bool whole =
+        e.err.find("roundpipe: interrupted: the output had already been written in full and is kept") !=
+        std::string::npos;
+    EXPECT_TRUE(whole ||
+                e.err.find("roundpipe: interrupted: the unfinished output was removed") != std::string::npos)
+        << e.err;
+    EXPECT_EQ(fs::exists(d / "x.gguf"), whole) << e.err;
+    fs::remove(d / "x.gguf");
     only_mine(e.err);
+  }
+  // before anything is written: nothing changed, and it says so
+  const Interrupted early = interrupt_when(d, "convert " + gguf + " " + (d / "hf").string() + " --dtype bf16",
+                                           (d / "hf").string(), SIGTERM);
+  if (early.sent && early.rc == "130\n") {
+    EXPECT_NE(early.err.find("roundpipe: interrupted: "), std::string::npos) << early.err;
+    only_mine(early.err);
   }
   if (ran == 0) GTEST_SKIP() << "every command ended before its signal";
   fs::remove_all(d);
