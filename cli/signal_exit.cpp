@@ -49,8 +49,8 @@ ExitThread::ExitThread() {
     while (::sem_wait(&g_exit_wake) != 0) {}
     if (!g_exiting.load()) return;  // the command ended without a stop signal's exit
     size_t removed = g_removed_by_handler.load() + remove_unfinished_folders();
-    removed += remove_unfinished_temporaries();  // now also the folders recorded for what just went (a save's
-                                                 // state/)
+    // now also the folders recorded for what just went (a save's state/), empty by now
+    removed += remove_unfinished_temporaries();
     if (auto report = g_report.load()) report(removed);
     std::_Exit(130);
   });
