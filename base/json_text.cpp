@@ -230,9 +230,8 @@ std::string with_numbers_zeroed(const std::string& text) {
       if (c == '\\' && i + 1 < text.size()) out += text[++i];
       else if (c == '"') in_string = false;
     } else if (c == '-' || (c >= '0' && c <= '9')) {
-      while (i + 1 < text.size() && std::strchr("0123456789.eE+-", text[i + 1]) != nullptr &&
-             text[i + 1] != '\0')
-        ++i;
+      // (no NUL reaches here: parse_text refuses it first, and strchr would match one)
+      while (i + 1 < text.size() && std::strchr("0123456789.eE+-", text[i + 1]) != nullptr) ++i;
       out += '0';
     } else {
       out += c;

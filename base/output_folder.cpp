@@ -219,6 +219,21 @@ std::vector<std::string> foreign_names(const fs::path& dir) {
   return out;
 }
 
+const char* special_file_kind(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::regular:
+    case fs::file_type::directory:
+    case fs::file_type::symlink:
+    case fs::file_type::not_found:
+    case fs::file_type::none: return nullptr;
+    case fs::file_type::fifo: return "a named pipe";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::character: return "a character device";
+    default: return "a special file";
+  }
+}
+
 std::string name_list(const std::vector<std::string>& names, size_t shown) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < shown; ++i) out += (i ? ", " : "") + names[i];

@@ -128,6 +128,11 @@ void record_folders_made(const std::vector<std::string>& folders);
 /// at once on a signal (std::_Exit). Async-signal-safe.
 void remove_recorded_folders() noexcept;
 
+/// What a special file is called in an error line ("a named pipe", "a socket", "a block device",
+/// "a character device", "a special file"); nullptr for a regular file, a folder, a symbolic link
+/// and a missing entry.
+const char* special_file_kind(std::filesystem::file_type t);
+
 /// "a, b, c, ... (N in all)": at most `shown` of `names`, for a log or error line.
 std::string name_list(const std::vector<std::string>& names, size_t shown = 5);
 

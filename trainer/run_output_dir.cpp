@@ -346,15 +346,12 @@ void prepare_output_dir(const TrainSpec& spec) {
   // nor a pipe, device or socket: reading a resumed run's metrics from a pipe, or writing one,
   // waits for another program forever
   for (fs::directory_iterator it(spec.output_dir, ec), end; !ec && it != end; it.increment(ec))
-    if (is_run_output(it->path().filename().string()) && !it->is_symlink(ec) && !it->is_directory(ec) &&
-        !it->is_regular_file(ec))
+    if (const char* kind = special_file_kind(it->symlink_status(ec).type());
+        kind != nullptr && is_run_output(it->path().filename().string()))
       throw std::invalid_argument(
           fmt::format("{}: {} is {}, where the run writes a file of its own; move it away or choose another "
                       "output_dir",
-                      output_dir_origin(spec), it->path().string(),
-                      it->is_fifo(ec)     ? "a named pipe"
-                      : it->is_socket(ec) ? "a socket"
-                                          : "a device"));
+                      output_dir_origin(spec), it->path().string(), kind));
   if (const auto foreign = unrecorded_outputs(spec.output_dir); !foreign.empty())
     throw std::invalid_argument(
         fmt::format("{}: '{}' holds {} that no roundpipe run recorded as its own (no {}), "

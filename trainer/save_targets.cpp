@@ -39,26 +39,14 @@ namespace {
 /// files, folders and symbolic links): `p` itself, or the first such file inside it when it is a
 /// folder (links not followed), with its kind ("a named pipe"); nullopt when there is none.
 std::optional<std::pair<fs::path, std::string>> special_file_in(const fs::path& p) {
-  const auto kind = [](fs::file_type t) -> const char* {
-    switch (t) {
-      case fs::file_type::regular:
-      case fs::file_type::directory:
-      case fs::file_type::symlink:
-      case fs::file_type::not_found: return nullptr;
-      case fs::file_type::fifo: return "a named pipe";
-      case fs::file_type::socket: return "a socket";
-      case fs::file_type::block: return "a block device";
-      case fs::file_type::character: return "a character device";
-      default: return "a special file";
-    }
-  };
   std::error_code ec;
   const fs::file_status st = fs::symlink_status(p, ec);
-  if (const char* k = kind(st.type())) return std::pair{p, std::string(k)};
+  if (const char* k = special_file_kind(st.type())) return std::pair{p, std::string(k)};
   if (st.type() != fs::file_type::directory) return std::nullopt;
   for (fs::recursive_directory_iterator it(p, fs::directory_options::skip_permission_denied, ec), end;
        !ec && it != end; it.increment(ec))
-    if (const char* k = kind(it->symlink_status(ec).type())) return std::pair{it->path(), std::string(k)};
+    if (const char* k = special_file_kind(it->symlink_status(ec).type()))
+      return std::pair{it->path(), std::string(k)};
   return std::nullopt;
 }
 
