@@ -23,6 +23,7 @@
 #include "formats/safetensors.hpp"
 #include "formats/tokenizer_export.hpp"
 #include "model/config.hpp"
+#include "roundpipe/model_source.hpp"
 
 namespace rp {
 
@@ -49,6 +50,70 @@ std::string dump_json(const json& j, const fs::path& p) {
 
 }  // namespace
 
+namespace {
+
+/// The groups of a streaming save, read one at a time, and one GPT-OSS decoder's experts in
+/// Hugging Face's stacked form: what the tensor being written reads from.
+class StreamedGroups {
+ public:
+  StreamedGroups(const ModelLayout& layout, const GroupReader& read) : layout_(layout), read_(read) {}
+
+  const float* group(size_t g) {
+    if (g != group_) {
+      group_ = SIZE_MAX;  // a throwing read leaves nothing cached
+      data_ = read_(g);
+      group_ = g;
+    }
+    return data_;
+  }
+  const float* experts(int64_t l, size_t k) {
+    if (l != experts_of_) {
+      experts_of_ = -1;
+      experts_ = {};
+      const float* d = group(size_t(l + 1));
+      if (!d) return nullptr;
+      experts_ = gpt_oss_layer_experts_to_hf(layout_, l, d);
+      experts_of_ = l;
+    }
+    return experts_.values.at(k).data();
+  }
+
+ private:
+  const ModelLayout& layout_;
+  const GroupReader& read_;
+  size_t group_ = SIZE_MAX;
+  const float* data_ = nullptr;
+  int64_t experts_of_ = -1;
+  GptOssHfLayerExperts experts_;
+};
+
+/// The tensors of a Hugging Face folder of `layout` in group order (Phi-3: q/k/v and gate/up
+/// fused; GPT-OSS: a decoder's experts stacked after its other tensors), each read from `s`
+/// when the writer reaches it.
+std::vector<TensorRef> streamed_hf_tensors(const ModelLayout& layout, StreamedGroups& s) {
+  const ModelConfig& c = layout.config;
+  const std::vector<HfTensorPlace> places = hf_tensor_places(layout);
+  std::vector<TensorRef> refs;
+  for (size_t i = 0; i < places.size(); ++i) {
+    const HfTensorPlace& p = places[i];
+    if (!c.gpt_oss() || !is_gpt_oss_expert_name(p.name))
+      refs.push_back({p.name, p.shape, nullptr, [&s, g = p.group, off = p.offset]() -> const float* {
+                        const float* d = s.group(g);
+                        return d ? d + off : nullptr;
+                      }});
+    const bool group_ends = i + 1 == places.size() || places[i + 1].group != p.group;
+    if (!c.gpt_oss() || !group_ends || p.group < 1 || int64_t(p.group) > c.num_hidden_layers) continue;
+    const int64_t l = int64_t(p.group) - 1;
+    const GptOssHfLayerExperts specs = gpt_oss_layer_experts_to_hf(layout, l, nullptr);
+    for (size_t k = 0; k < specs.specs.size(); ++k)
+      refs.push_back(
+          {specs.specs[k].first, specs.specs[k].second, nullptr, [&s, l, k] { return s.experts(l, k); }});
+  }
+  return refs;
+}
+
+}  // namespace
+
 void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
                         const std::vector<const float*>& group_data, const nlohmann::json& tokenizer_json,
                         const std::string& chat_template, DType dtype,
@@ -56,6 +121,13 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
   if (group_data.size() != layout.groups.size())
     throw std::invalid_argument(fmt::format("save_hf_checkpoint: {} group buffers for {} groups",
                                             group_data.size(), layout.groups.size()));
+  save_hf_checkpoint(
+      dir_in, layout, [&](size_t g) { return group_data[g]; }, tokenizer_json, chat_template, dtype, extra);
+}
+
+void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout, const GroupReader& read_group,
+                        const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
+                        const std::function<void(const std::string& tmp_dir)>& extra) {
   if (dtype == DType::i32) throw std::invalid_argument("save_hf_checkpoint: dtype i32 is not supported");
   replace_folder(dir_in, [&](const std::string& tmp_dir) {
     const fs::path tmp(tmp_dir);
@@ -71,13 +143,9 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
     if (c.pad_token_id >= 0) gen["pad_token_id"] = c.pad_token_id;
     write_text(tmp / "generation_config.json", dump_json(gen, tmp / "generation_config.json"));
 
-    std::vector<TensorRef> refs;
-    GptOssHfExperts experts;  // GPT-OSS: the experts in HF's stacked, interleaved form
-    if (c.gpt_oss()) experts = gpt_oss_experts_to_hf(layout, group_data);
-    for (const TensorRef& t : hf_tensor_refs(layout, group_data))  // Phi-3: q/k/v and gate/up fused
-      if (!c.gpt_oss() || !is_gpt_oss_expert_name(t.name)) refs.push_back(t);
-    refs.insert(refs.end(), experts.tensors.begin(), experts.tensors.end());
-    save_safetensors_sharded(tmp.string(), refs, dtype, uint64_t(5) * 1000 * 1000 * 1000);
+    StreamedGroups groups(layout, read_group);
+    save_safetensors_sharded(tmp.string(), streamed_hf_tensors(layout, groups), dtype,
+                             uint64_t(5) * 1000 * 1000 * 1000);
 
     if (!tokenizer_json.is_null())
       write_text(tmp / "tokenizer.json", dump_json(tokenizer_json, tmp / "tokenizer.json"));
@@ -153,23 +221,26 @@ std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir
   return lines;
 }
 
-void save_model_folder(const std::string& out_dir, const ModelLayout& layout,
-                       const std::vector<const float*>& groups, const nlohmann::json& tokenizer_json,
-                       const std::string& chat_template, DType dtype, const std::string& command) {
-  save_hf_checkpoint(out_dir, layout, groups, tokenizer_json, chat_template, dtype,
+void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const GroupReader& read_group,
+                       const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
+                       const std::string& command) {
+  save_hf_checkpoint(out_dir, layout, read_group, tokenizer_json, chat_template, dtype,
                      [&](const std::string& tmp) { write_manifest(tmp, command); });
 }
 
 void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir, DType dtype) {
   check_model_output_folder(out_dir, {gguf});
-  LoadedModel m = load_model(gguf);
-  const ModelLayout layout = make_layout(m.config);
-  std::vector<std::vector<float>> groups;
-  fill_groups(m, layout, groups);
-  m.tensors.clear();  // halve peak memory before writing
-  std::vector<const float*> ptrs;
-  for (const auto& g : groups) ptrs.push_back(g.data());
-  save_model_folder(out_dir, layout, ptrs, m.tokenizer_json, m.chat_template, dtype, "convert");
+  const ModelSource src = ModelSource::open(gguf);
+  const ModelLayout layout = make_layout(src.config());
+  std::vector<float> group;
+  const GroupReader read = [&](size_t g) {
+    std::vector<float>().swap(group);  // the previous group goes before the next is read
+    group.resize(size_t(layout.groups.at(g).numel));
+    read_model_group(src, layout, int(g), group);
+    return group.data();
+  };
+  save_model_folder(out_dir, layout, read, src.header().tokenizer_json, src.header().chat_template, dtype,
+                    "convert");
 }
 
 }  // namespace rp

@@ -121,55 +121,44 @@ void gpt_oss_experts_from_hf(LoadedModel& m, const std::string& where) {
   }
 }
 
-GptOssHfExperts gpt_oss_experts_to_hf(const ModelLayout& layout,
-                                      const std::vector<const float*>& group_data) {
+GptOssHfLayerExperts gpt_oss_layer_experts_to_hf(const ModelLayout& layout, int64_t l, const float* base) {
   const ModelConfig& c = layout.config;
   const int64_t E = c.num_experts, H = c.hidden_size, F = c.moe_intermediate_size;
-  GptOssHfExperts out;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const ParamGroup& g = layout.groups.at(size_t(l + 1));
-    const float* base = group_data.at(size_t(l + 1));
-    const std::string p = fmt::format("model.layers.{}.mlp.experts.", l);
-    auto tensor = [&](int64_t e, const char* what) {
-      const std::string n = fmt::format("{}{}.{}", p, e, what);
-      const int i = g.find(n);
-      if (i < 0)
-        throw std::invalid_argument(fmt::format("gpt_oss_experts_to_hf: '{}' not in group '{}'", n, g.name));
-      return base ? base + g.tensors[size_t(i)].offset : nullptr;
-    };
-    std::vector<float> gu(size_t(E * H * 2 * F)), gub(size_t(E * 2 * F)), down(size_t(E * F * H)),
-        db(size_t(E * H));
-    const bool have = base != nullptr;
-    for (int64_t e = 0; have && e < E; ++e) {
-      const float *gw = tensor(e, "gate_proj.weight"), *uw = tensor(e, "up_proj.weight");
-      const float *dw = tensor(e, "down_proj.weight"), *gbp = tensor(e, "gate_proj.bias");
-      const float *ubp = tensor(e, "up_proj.bias"), *dbp = tensor(e, "down_proj.bias");
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t f = 0; f < F; ++f) {
-          gu[size_t((e * H + h) * 2 * F + 2 * f)] = gw[f * H + h];
-          gu[size_t((e * H + h) * 2 * F + 2 * f + 1)] = uw[f * H + h];
-        }
+  const ParamGroup& g = layout.groups.at(size_t(l + 1));
+  const std::string p = fmt::format("model.layers.{}.mlp.experts.", l);
+  GptOssHfLayerExperts out;
+  out.specs = {{p + "gate_up_proj", {E, H, 2 * F}},
+               {p + "gate_up_proj_bias", {E, 2 * F}},
+               {p + "down_proj", {E, F, H}},
+               {p + "down_proj_bias", {E, H}}};
+  auto tensor = [&](int64_t e, const char* what) {
+    const std::string n = fmt::format("{}{}.{}", p, e, what);
+    const int i = g.find(n);
+    if (i < 0)
+      throw std::invalid_argument(
+          fmt::format("gpt_oss_layer_experts_to_hf: '{}' not in group '{}'", n, g.name));
+    return base + g.tensors[size_t(i)].offset;
+  };
+  if (!base) return out;
+  std::vector<float> gu(size_t(E * H * 2 * F)), gub(size_t(E * 2 * F)), down(size_t(E * F * H)),
+      db(size_t(E * H));
+  for (int64_t e = 0; e < E; ++e) {
+    const float *gw = tensor(e, "gate_proj.weight"), *uw = tensor(e, "up_proj.weight");
+    const float *dw = tensor(e, "down_proj.weight"), *gbp = tensor(e, "gate_proj.bias");
+    const float *ubp = tensor(e, "up_proj.bias"), *dbp = tensor(e, "down_proj.bias");
+    for (int64_t h = 0; h < H; ++h)
       for (int64_t f = 0; f < F; ++f) {
-        gub[size_t(e * 2 * F + 2 * f)] = gbp[f];
-        gub[size_t(e * 2 * F + 2 * f + 1)] = ubp[f];
-        for (int64_t h = 0; h < H; ++h) down[size_t((e * F + f) * H + h)] = dw[h * F + f];
+        gu[size_t((e * H + h) * 2 * F + 2 * f)] = gw[f * H + h];
+        gu[size_t((e * H + h) * 2 * F + 2 * f + 1)] = uw[f * H + h];
       }
-      std::memcpy(&db[size_t(e * H)], dbp, size_t(H) * 4);
+    for (int64_t f = 0; f < F; ++f) {
+      gub[size_t(e * 2 * F + 2 * f)] = gbp[f];
+      gub[size_t(e * 2 * F + 2 * f + 1)] = ubp[f];
+      for (int64_t h = 0; h < H; ++h) down[size_t((e * F + f) * H + h)] = dw[h * F + f];
     }
-    const size_t first = out.storage.size();
-    out.storage.push_back(std::move(gu));
-    out.storage.push_back(std::move(gub));
-    out.storage.push_back(std::move(down));
-    out.storage.push_back(std::move(db));
-    const std::vector<std::pair<std::string, std::vector<int64_t>>> specs = {
-        {p + "gate_up_proj", {E, H, 2 * F}},
-        {p + "gate_up_proj_bias", {E, 2 * F}},
-        {p + "down_proj", {E, F, H}},
-        {p + "down_proj_bias", {E, H}}};
-    for (size_t i = 0; i < specs.size(); ++i)
-      out.tensors.push_back(
-          {specs[i].first, specs[i].second, have ? out.storage[first + i].data() : nullptr});
+    std::memcpy(&db[size_t(e * H)], dbp, size_t(H) * 4);
   }
+  out.values = {std::move(gu), std::move(gub), std::move(down), std::move(db)};
   return out;
 }
 

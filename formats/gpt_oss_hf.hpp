@@ -24,13 +24,17 @@ namespace rp {
 /// std::runtime_error("<where>: ...") naming a missing or misshapen tensor.
 void gpt_oss_experts_from_hf(LoadedModel& m, const std::string& where);
 
-/// The HF expert tensors of a gpt_oss layout, built from the groups' fp32 data
-/// (group_data[g] null: the tensors of that group get null data).
-struct GptOssHfExperts {
-  std::vector<TensorRef> tensors;  ///< 4 per layer, pointing into storage
-  std::vector<std::vector<float>> storage;
+/// The HF expert tensors of decoder `l` of a gpt_oss model (0-based): gate_up_proj
+/// [E, H, 2F], gate_up_proj_bias [E, 2F], down_proj [E, F, H], down_proj_bias [E, H], in this
+/// order, with their values (`values` empty: names and shapes only).
+struct GptOssHfLayerExperts {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> specs;
+  std::vector<std::vector<float>> values;
 };
-GptOssHfExperts gpt_oss_experts_to_hf(const ModelLayout& layout, const std::vector<const float*>& group_data);
+/// Names and shapes of decoder l's HF expert tensors; with `group` (the fp32 data of the
+/// layout's group l + 1, that decoder's) their values too. Throws std::invalid_argument when
+/// values are asked for and the layout's group lacks an expert tensor.
+GptOssHfLayerExperts gpt_oss_layer_experts_to_hf(const ModelLayout& layout, int64_t l, const float* group);
 
 /// "..._blocks" / "..._scales": an MXFP4 tensor of a checkpoint.
 bool is_mxfp4_tensor_name(const std::string& name);

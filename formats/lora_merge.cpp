@@ -289,12 +289,15 @@ std::string merge_peft_folder(const std::string& adapter_dir, const std::string&
   LoadedModel m = load_merged_adapter(adapter_dir, base, &path);
   check_model_output_folder(out_dir, {path});  // the base named by the adapter, now resolved
   const ModelLayout layout = make_layout(m.config);
-  std::vector<std::vector<float>> groups;
-  fill_groups(m, layout, groups);
-  m.tensors.clear();
-  std::vector<const float*> ptrs;
-  for (const auto& g : groups) ptrs.push_back(g.data());
-  save_model_folder(out_dir, layout, ptrs, m.tokenizer_json, m.chat_template, dtype, "merge");
+  std::vector<float> group;
+  const GroupReader read = [&](size_t g) {  // each group once: its tensors' fp32 copies go as it is made
+    std::vector<float>().swap(group);
+    group.resize(size_t(layout.groups.at(g).numel));
+    fill_group(m, layout, g, group);
+    for (const TensorSpec& t : layout.groups[g].tensors) m.tensors.erase(t.name);
+    return group.data();
+  };
+  save_model_folder(out_dir, layout, read, m.tokenizer_json, m.chat_template, dtype, "merge");
   return path;
 }
 

@@ -461,6 +461,19 @@ int64_t read_frozen_group(const ModelSource& src, const ModelLayout& layout, int
   return stored;
 }
 
+void read_model_group(const ModelSource& src, const ModelLayout& layout, int g, std::span<float> out) {
+  if (g < 0 || g >= layout.num_layers() || layout.groups[size_t(g)].frozen)
+    throw std::invalid_argument(fmt::format("read_model_group: group {} is not a trainable base group", g));
+  const ParamGroup& grp = layout.groups[size_t(g)];
+  if (int64_t(out.size()) != grp.numel)
+    throw std::invalid_argument(fmt::format("read_model_group: group '{}' has {} values, the buffer {}",
+                                            grp.name, grp.numel, out.size()));
+  for (const TensorSpec& t : grp.tensors) {
+    const HostTensor h = src.read_f32(source_tensor(src, t));
+    std::copy(h.data.begin(), h.data.end(), out.begin() + t.offset);
+  }
+}
+
 int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
                          std::vector<std::vector<float>>& trainable,
                          std::vector<std::vector<uint8_t>>& frozen, bool frozen_later) {
@@ -482,10 +495,7 @@ int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
       continue;
     }
     std::vector<float> f32(size_t(grp.numel));
-    for (const TensorSpec& t : grp.tensors) {
-      const HostTensor h = src.read_f32(source_tensor(src, t));
-      std::copy(h.data.begin(), h.data.end(), f32.begin() + t.offset);
-    }
+    read_model_group(src, layout, int(g), f32);
     trainable[g] = std::move(f32);
   }
   return stored;

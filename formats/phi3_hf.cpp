@@ -13,8 +13,7 @@
 
 namespace rp {
 
-std::vector<TensorRef> hf_tensor_refs(const ModelLayout& layout,
-                                      const std::vector<const float*>& group_data) {
+std::vector<HfTensorPlace> hf_tensor_places(const ModelLayout& layout) {
   std::map<std::string, const FusedProjection*> first_part;
   std::set<std::string> parts;
   const std::vector<FusedProjection> fused = fused_projections(layout.config);
@@ -22,15 +21,14 @@ std::vector<TensorRef> hf_tensor_refs(const ModelLayout& layout,
     first_part[f.parts.front()] = &f;
     parts.insert(f.parts.begin(), f.parts.end());
   }
-  std::vector<TensorRef> refs;
+  std::vector<HfTensorPlace> places;
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     const ParamGroup& grp = layout.groups[g];
     for (size_t i = 0; i < grp.tensors.size(); ++i) {
       const TensorSpec& t = grp.tensors[i];
-      const float* data = group_data[g] ? group_data[g] + t.offset : nullptr;
       const auto f = first_part.find(t.name);
       if (f == first_part.end()) {
-        if (!parts.count(t.name)) refs.push_back({t.name, t.shape, data});
+        if (!parts.count(t.name)) places.push_back({t.name, t.shape, g, t.offset});
         continue;
       }
       // the parts follow each other in the group (make_layout): the fused tensor is their memory
@@ -38,14 +36,14 @@ std::vector<TensorRef> hf_tensor_refs(const ModelLayout& layout,
       for (size_t k = 0; k < f->second->parts.size(); ++k) {
         const TensorSpec& p = grp.tensors.at(i + k);
         if (p.name != f->second->parts[k] || p.offset != t.offset + rows * f->second->cols)
-          throw std::logic_error(fmt::format("hf_tensor_refs: '{}' does not follow '{}' in group '{}'",
+          throw std::logic_error(fmt::format("hf_tensor_places: '{}' does not follow '{}' in group '{}'",
                                              p.name, t.name, grp.name));
         rows += p.shape[0];
       }
-      refs.push_back({f->second->name, {rows, f->second->cols}, data});
+      places.push_back({f->second->name, {rows, f->second->cols}, g, t.offset});
     }
   }
-  return refs;
+  return places;
 }
 
 std::string peft_module_name(const ModelConfig& c, const std::string& m) {

@@ -19,10 +19,17 @@
 
 namespace rp {
 
-/// The tensors a Hugging Face folder of `layout` holds: the layout's, with each fused
-/// projection's parts replaced by one tensor over their (consecutive) data. group_data[g]
-/// null: null data for its tensors.
-std::vector<TensorRef> hf_tensor_refs(const ModelLayout& layout, const std::vector<const float*>& group_data);
+/// Where a tensor of a Hugging Face folder lies in the layout's parameter groups: `shape`
+/// values from fp32 element `offset` of group `group`.
+struct HfTensorPlace {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t group = 0;
+  int64_t offset = 0;
+};
+/// The tensors a Hugging Face folder of `layout` holds, group by group: the layout's, with
+/// each fused projection's parts replaced by one tensor over their (consecutive) data.
+std::vector<HfTensorPlace> hf_tensor_places(const ModelLayout& layout);
 
 /// PEFT's module name for our module `m` of a model of `c` ("q_proj" -> "qkv_proj" for Phi-3).
 std::string peft_module_name(const ModelConfig& c, const std::string& m);

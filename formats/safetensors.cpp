@@ -329,9 +329,10 @@ void save_safetensors(const std::string& path, const std::vector<TensorRef>& ten
     for (const auto& t : tensors) {
       uint64_t n = 1;
       for (auto d : t.shape) n *= uint64_t(d);
-      if (n && !t.data) fail(fmt::format("tensor '{}': null data", t.name));
+      const float* data = t.data ? t.data : n && t.read ? t.read() : nullptr;
+      if (n && !data) fail(fmt::format("tensor '{}': null data", t.name));
       if (dtype == DType::f32) {
-        put(t.data, size_t(n) * 4);
+        put(data, size_t(n) * 4);
         continue;
       }
       const uint64_t chunk = 1 << 20;
@@ -339,7 +340,7 @@ void save_safetensors(const std::string& path, const std::vector<TensorRef>& ten
         const uint64_t m = std::min(chunk, n - b);
         buf.resize(size_t(m));
         for (uint64_t i = 0; i < m; ++i)
-          buf[i] = dtype == DType::bf16 ? f32_to_bf16(t.data[b + i]) : f32_to_f16(t.data[b + i]);
+          buf[i] = dtype == DType::bf16 ? f32_to_bf16(data[b + i]) : f32_to_f16(data[b + i]);
         put(buf.data(), size_t(m) * 2);
       }
     }

@@ -9,6 +9,7 @@
 // throws std::runtime_error("<file>: <what>") and never crashes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -86,18 +87,24 @@ SafetensorsSet open_safetensors(const std::string& path);
 /// shard the index names, a tensor in two shards.
 std::map<std::string, HostTensor> load_safetensors(const std::string& path);
 
-/// A tensor to write: fp32 data of prod(shape) elements.
+/// A tensor to write: fp32 data of prod(shape) elements, either in memory (`data`) or made
+/// when the writer reaches it (`read`, called when data is null, right before the tensor is
+/// written; what it returns needs to stay valid only until the next `read` of any tensor), so
+/// a model can be written without all of it in memory at once.
 struct TensorRef {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;
+  std::function<const float*()> read;
 };
 
 /// Writes `tensors` (in the given order) to `path` in `dtype` (f32, bf16 or f16; bf16/f16
 /// round to nearest even). `metadata` (string values) goes into "__metadata__" ("format":
 /// "pt" is added when absent). The file is written to "<path>.tmp-<pid>" then renamed, so
 /// `path` is never left half-written. Throws std::runtime_error("<path>: <what>") on I/O
-/// errors, duplicate names or a null data pointer; std::invalid_argument for dtype i32.
+/// errors, duplicate names or a null data pointer (null data without `read`, or a `read` that
+/// returns null); std::invalid_argument for dtype i32. What a `read` throws aborts the write
+/// (nothing is left at `path`).
 void save_safetensors(const std::string& path, const std::vector<TensorRef>& tensors, DType dtype,
                       const nlohmann::json& metadata = nlohmann::json::object());
 

@@ -241,6 +241,8 @@ LoadedModel load_model_or_adapter(const std::string& path, const std::string& ba
 /// base first (check_model_output_folder: std::invalid_argument, nothing written). Returns the base model's
 /// path. Throws std::runtime_error naming the file and key ("<dir>/adapter_config.json: key
 /// 'base_model_name_or_path': ... pass the base model explicitly" when it is no local model).
+/// Host memory: the merged model in fp32 (4 bytes a parameter) plus one layout group, each
+/// group's tensors released as the writer takes it.
 std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir,
                               const std::string& base, DType dtype);
 

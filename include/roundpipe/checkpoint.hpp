@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,10 @@ LoadedModel load_model(const std::string& path);
 /// missing or has another number of elements.
 void fill_groups(const LoadedModel& m, const ModelLayout& layout,
                  std::vector<std::vector<float>>& group_data);
+/// The tensors of layout group `g` copied from `m` into `out` (exactly group.numel floats, at
+/// their TensorSpec offsets): one group of fill_groups. Throws as fill_groups, and
+/// std::invalid_argument for an `out` of another size.
+void fill_group(const LoadedModel& m, const ModelLayout& layout, size_t g, std::span<float> out);
 
 /// Writes a Hugging Face checkpoint of the fp32 parameters in `group_data` (one pointer per
 /// layout group, group.numel floats each, laid out as in `layout`) into folder `dir`:
@@ -92,6 +97,19 @@ void fill_groups(const LoadedModel& m, const ModelLayout& layout,
 void save_hf_checkpoint(const std::string& dir, const ModelLayout& layout,
                         const std::vector<const float*>& group_data, const nlohmann::json& tokenizer_json,
                         const std::string& chat_template, DType dtype,
+                        const std::function<void(const std::string& tmp_dir)>& extra = {});
+
+/// Reads layout group `g` for a streaming save: a pointer to its group.numel fp32 values, laid
+/// out as in the layout, valid until the next call (null: the save fails naming a tensor).
+using GroupReader = std::function<const float*(size_t g)>;
+
+/// save_hf_checkpoint with each group read when the writer reaches its tensors, one group at a
+/// time and each once (plus, for GPT-OSS, one decoder's experts in Hugging Face's stacked
+/// form): the host memory of a save is about twice the largest group, not the model. The
+/// files are those of the other overload, bit for bit. What `read_group` throws aborts the
+/// save as any failure does (the previous `dir` is kept).
+void save_hf_checkpoint(const std::string& dir, const ModelLayout& layout, const GroupReader& read_group,
+                        const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
                         const std::function<void(const std::string& tmp_dir)>& extra = {});
 
 /// The file convert and merge leave in the model folders they write, listing every file they
@@ -118,12 +136,15 @@ std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir
 
 /// save_hf_checkpoint plus kModelManifestFile naming every file written, by `command`
 /// ("convert", "merge"), so that the folder may later be replaced by another such write.
-void save_model_folder(const std::string& out_dir, const ModelLayout& layout,
-                       const std::vector<const float*>& groups, const nlohmann::json& tokenizer_json,
-                       const std::string& chat_template, DType dtype, const std::string& command);
+void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const GroupReader& read_group,
+                       const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
+                       const std::string& command);
 
-/// load_model(gguf) + save_hf_checkpoint(out_dir, ...) in `dtype` (default fp32: dequantized
-/// GGUF values are exact in fp32); out_dir is checked first (check_model_output_folder).
+/// The model of `gguf` written as a Hugging Face folder (save_model_folder) in `dtype` (default
+/// fp32: dequantized GGUF values are exact in fp32), the values load_model(gguf) gives. Streamed:
+/// each layout group is read from the file (ModelSource) when the writer reaches it, so the
+/// host memory needed is about twice the largest group (the embedding or one decoder layer in
+/// fp32), not the whole model. out_dir is checked first (check_model_output_folder).
 void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir, DType dtype = DType::f32);
 
 }  // namespace rp

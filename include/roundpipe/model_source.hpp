@@ -93,6 +93,13 @@ int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
                          std::vector<std::vector<float>>& trainable,
                          std::vector<std::vector<uint8_t>>& frozen, bool frozen_later = false);
 
+/// Base group g of `layout` that is not frozen (every group of a layout without LoRA) as fp32
+/// into `out` (exactly its numel values), tensor by tensor: what read_base_groups puts in
+/// trainable[g]; the peak memory beyond `out` is one tensor's fp32 copy. Throws
+/// std::invalid_argument for a frozen or adapter group or an `out` of another size, and what
+/// read_base_groups throws.
+void read_model_group(const ModelSource& src, const ModelLayout& layout, int g, std::span<float> out);
+
 /// Frozen base group g of `layout` (a group read_base_groups fills in storage form) from `src`
 /// into `out` (exactly its storage_bytes bytes), tensor by tensor: what read_base_groups writes
 /// into frozen[g]. Returns the tensors copied as stored. Throws std::invalid_argument for a

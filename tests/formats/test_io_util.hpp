@@ -89,7 +89,13 @@ class GgufBuilder {
   }
   /// `ne` in GGUF order (ne[0] innermost); `data` already in the type's block layout.
   void tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::vector<uint8_t> data) {
-    tensors_.push_back({name, std::move(ne), type, std::move(data)});
+    const uint64_t bytes = data.size();
+    tensors_.push_back({name, std::move(ne), type, std::move(data), bytes});
+  }
+  /// A tensor of `bytes` bytes whose data the caller writes after build_header's bytes, at the
+  /// offset build_header gives it (a large file written in pieces).
+  void tensor_declared(const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t bytes) {
+    tensors_.push_back({name, std::move(ne), type, {}, bytes});
   }
   void tensor_f32(const std::string& name, std::vector<uint64_t> ne, const std::vector<float>& v) {
     std::vector<uint8_t> d(v.size() * 4);
@@ -97,13 +103,25 @@ class GgufBuilder {
     tensor(name, std::move(ne), 0, std::move(d));
   }
   std::vector<uint8_t> build(uint32_t version = 3, uint64_t alignment = 32) const {
+    std::vector<uint64_t> offs;
+    std::vector<uint8_t> b = build_header(version, alignment, offs);
+    const size_t base = b.size();
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      b.resize(base + offs[i], 0);
+      b.insert(b.end(), tensors_[i].data.begin(), tensors_[i].data.end());
+    }
+    return b;
+  }
+  /// The file up to its data section (padded to `alignment`); `offs`: each tensor's offset in
+  /// the data section.
+  std::vector<uint8_t> build_header(uint32_t version, uint64_t alignment, std::vector<uint64_t>& offs) const {
     std::vector<uint8_t> b = {'G', 'G', 'U', 'F'};
     put<uint32_t>(b, version);
     put<uint64_t>(b, tensors_.size());
     put<uint64_t>(b, n_kv_);
     b.insert(b.end(), kv_.begin(), kv_.end());
     uint64_t off = 0;
-    std::vector<uint64_t> offs;
+    offs.clear();
     for (const auto& t : tensors_) {
       put_str(b, t.name);
       put<uint32_t>(b, uint32_t(t.ne.size()));
@@ -111,14 +129,9 @@ class GgufBuilder {
       put<uint32_t>(b, t.type);
       put<uint64_t>(b, off);
       offs.push_back(off);
-      off += (t.data.size() + alignment - 1) / alignment * alignment;
+      off += (t.bytes + alignment - 1) / alignment * alignment;
     }
     while (b.size() % alignment) b.push_back(0);
-    const size_t base = b.size();
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      b.resize(base + offs[i], 0);
-      b.insert(b.end(), tensors_[i].data.begin(), tensors_[i].data.end());
-    }
     return b;
   }
 
@@ -128,6 +141,7 @@ class GgufBuilder {
     std::vector<uint64_t> ne;
     uint32_t type;
     std::vector<uint8_t> data;
+    uint64_t bytes = 0;
   };
   std::vector<uint8_t> kv_;
   uint64_t n_kv_ = 0;

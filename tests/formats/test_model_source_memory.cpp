@@ -285,5 +285,111 @@ TEST(ModelSourceMemory, GptOssMxfp4ExpertsNeedNoFp32Copy) {
   EXPECT_GT(eager, fp32_experts);  // the measurement sees an fp32 copy when there is one
 }
 
+// The GGUF llama.cpp would write for the tied llama model `c` (no output.weight), every
+// tensor F16 with pseudo-random values of magnitude 2^-7 .. 2^-1, written 1 MB at a time.
+void write_f16_gguf(const ModelConfig& c, const std::string& path) {
+  test::GgufBuilder g;
+  g.str("general.architecture", "llama");
+  g.u32("llama.block_count", uint32_t(c.num_hidden_layers));
+  g.u32("llama.embedding_length", uint32_t(c.hidden_size));
+  g.u32("llama.feed_forward_length", uint32_t(c.intermediate_size));
+  g.u32("llama.attention.head_count", uint32_t(c.num_attention_heads));
+  g.u32("llama.attention.head_count_kv", uint32_t(c.num_key_value_heads));
+  g.f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
+  g.f32("llama.rope.freq_base", 10000.0f);
+  g.u32("llama.context_length", uint32_t(c.max_position_embeddings));
+  const uint64_t H = uint64_t(c.hidden_size), F = uint64_t(c.intermediate_size), V = uint64_t(c.vocab_size);
+  const uint64_t q = uint64_t(c.num_attention_heads * c.head_dim),
+                 kv = uint64_t(c.num_key_value_heads * c.head_dim);
+  std::vector<std::vector<uint64_t>> ne;  // GGUF order: innermost first
+  auto add = [&](const std::string& name, std::vector<uint64_t> n) {
+    uint64_t e = 1;
+    for (auto d : n) e *= d;
+    g.tensor_declared(name, n, 1, e * 2);  // ggml type 1: F16
+    ne.push_back(std::move(n));
+  };
+  add("token_embd.weight", {H, V});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    add(b + "attn_norm.weight", {H});
+    add(b + "attn_q.weight", {H, q});
+    add(b + "attn_k.weight", {H, kv});
+    add(b + "attn_v.weight", {H, kv});
+    add(b + "attn_output.weight", {q, H});
+    add(b + "ffn_norm.weight", {H});
+    add(b + "ffn_gate.weight", {H, F});
+    add(b + "ffn_up.weight", {H, F});
+    add(b + "ffn_down.weight", {F, H});
+  }
+  add("output_norm.weight", {H});
+  std::vector<uint64_t> offs;
+  const std::vector<uint8_t> header = g.build_header(3, 32, offs);
+  std::ofstream o(path, std::ios::binary);
+  o.write(reinterpret_cast<const char*>(header.data()), std::streamsize(header.size()));
+  std::vector<uint16_t> chunk(1 << 19);
+  uint32_t x = 777;
+  uint64_t at = 0;  // bytes of the data section written
+  for (size_t i = 0; i < ne.size(); ++i) {
+    for (; at < offs[i]; ++at) o.put(0);
+    uint64_t n = 1;
+    for (auto d : ne[i]) n *= d;
+    for (uint64_t done = 0; done < n; done += chunk.size()) {
+      const size_t m = size_t(std::min<uint64_t>(chunk.size(), n - done));
+      for (size_t k = 0; k < m; ++k) {
+        x = x * 1664525u + 1013904223u;
+        chunk[k] = uint16_t((x >> 16 & 0x8000u) | ((8u + (x >> 8) % 7u) << 10) | (x & 0x3ffu));
+      }
+      o.write(reinterpret_cast<const char*>(chunk.data()), std::streamsize(m * 2));
+      at += m * 2;
+    }
+  }
+  ASSERT_TRUE(bool(o));
+}
+
+// convert reads one layout group at a time from the GGUF while it writes the folder (its peak
+// grows by about two groups); the load-then-write it replaced held the fp32 model twice over
+// (load_model, then the groups). The folder holds the model's values exactly (f32).
+TEST(ModelSourceMemory, ConvertHoldsAboutTwoGroupsNotTheModel) {
+  test::TempDir dir("convert_mem");
+  const ModelConfig c = big_config();  // tied: the GGUF has no output.weight
+  const std::string gguf = (dir.path / "m.gguf").string(), out = (dir.path / "hf").string();
+  write_f16_gguf(c, gguf);
+  const ModelLayout layout = make_layout(c);
+  const double fp32 = 4.0 * double(c.num_parameters());
+  double largest = 0;
+  for (const auto& g : layout.groups) largest = std::max(largest, 4.0 * double(g.numel));
+  ASSERT_GT(fp32, 200e6);
+  ASSERT_LT(largest, 0.1 * fp32);
+
+  malloc_trim(0);
+  if (!reset_peak() || status_bytes("VmHWM") < 0)
+    GTEST_SKIP() << "/proc/self/clear_refs cannot reset VmHWM here";
+  int64_t before = status_bytes("VmRSS");
+  ASSERT_TRUE(reset_peak());
+  convert_gguf_to_hf(gguf, out, DType::f32);
+  const double streamed = double(status_bytes("VmHWM") - before);
+
+  malloc_trim(0);
+  before = status_bytes("VmRSS");
+  ASSERT_TRUE(reset_peak());
+  LoadedModel m = load_model(gguf);
+  {
+    std::vector<std::vector<float>> groups;  // what convert did before it streamed
+    fill_groups(m, layout, groups);
+  }
+  const double eager = double(status_bytes("VmHWM") - before);
+  std::printf("fp32 model %.0f MB, largest group %.0f MB; peak growth: streamed %.0f MB, eager %.0f MB\n",
+              fp32 / 1e6, largest / 1e6, streamed / 1e6, eager / 1e6);
+  EXPECT_LT(streamed, 3 * largest + 0.1 * fp32);
+  EXPECT_GT(eager, 1.5 * fp32);  // the measurement sees the fp32 copies when there are some
+
+  const LoadedModel back = load_model(out);
+  ASSERT_EQ(back.tensors.size(), m.tensors.size());
+  for (const auto& [name, t] : m.tensors) {
+    ASSERT_TRUE(back.tensors.count(name)) << name;
+    EXPECT_TRUE(back.tensors.at(name).data == t.data) << name;
+  }
+}
+
 }  // namespace
 }  // namespace rp
