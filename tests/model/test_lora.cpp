@@ -434,8 +434,11 @@ struct DropoutRun {
 TEST(LoraDropout, MasksFollowTheIdAndEvaluationHasNone) {
   DropoutRun d;
   const VecF y7 = d.forward(7);
-  EXPECT_EQ(d.forward(7), y7);  // the same id draws the same masks
-  EXPECT_NE(d.forward(8), y7);  // another micro-batch, other masks
+  // the same id draws the same masks (a mask that differs moves the output by ~1e-1; the CPU
+  // GEMMs' sums may round differently, ~1e-7, where the heap hands the two calls buffers of
+  // other alignments, as after other tests in the same process)
+  EXPECT_LT(ref::rel_err(d.forward(7), y7), 1e-6);
+  EXPECT_GT(ref::rel_err(d.forward(8), y7), 1e-3);  // another micro-batch, other masks
   // without an id (evaluation) the adapters see x: equal to a model without dropout (whose
   // q/k/v and gate/up adapters run as one GEMM each: other sums, the same values to rounding)
   DropoutRun plain({}, 0.0);
