@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "model/error_text.hpp"
 #include "model/lora.hpp"
 #include "roundpipe/adapter.hpp"
+#include "roundpipe/model_source.hpp"
 
 namespace rp {
 
@@ -41,7 +43,7 @@ bool is_expert_tensor(const std::string& name) { return name.find(".mlp.experts.
 /// Folds the expert adapters of sparse decoder `decoder` (model/lora.hpp expert_lora_tensors):
 /// W_e += s B_e A_e for every expert e of each targeted projection. `adapter(name, shape)` is
 /// an adapter tensor's values, `weight(name, out, in)` the base matrix of one expert
-/// ("model.layers.<i>.mlp.experts.<e>.<gate|up|down>_proj.weight").
+/// ("model.layers.<i>.mlp.experts.<e>.<gate|up|down>_proj.weight"; null: not held now, skipped).
 void fold_experts(const LoraConfig& l, const ModelConfig& c, int64_t decoder, double s,
                   const std::function<const float*(const std::string&, const std::vector<int64_t>&)>& adapter,
                   const std::function<float*(const std::string&, int64_t, int64_t)>& weight) {
@@ -56,8 +58,9 @@ void fold_experts(const LoraConfig& l, const ModelConfig& c, int64_t decoder, do
       const float* b = adapter(specs[k].first, specs[k].second);
       const int64_t out = specs[k].second[1];
       for (int64_t e = 0; e < c.num_experts; ++e)
-        fold_lora(weight(fmt::format("model.layers.{}.mlp.experts.{}.{}.weight", decoder, e, proj), out, in),
-                  a + e * r * in, b + e * out * r, out, in, r, s);
+        if (float* w =
+                weight(fmt::format("model.layers.{}.mlp.experts.{}.{}.weight", decoder, e, proj), out, in))
+          fold_lora(w, a + e * r * in, b + e * out * r, out, in, r, s);
     }
   }
 }
@@ -159,38 +162,60 @@ void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout,
   save_hf_checkpoint(dir, m.layout, ptrs, tokenizer_json, chat_template, dtype);
 }
 
-void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
-  const std::string st_path = (fs::path(a.dir) / kAdapterWeightsFile).string();
-  try {  // expert adapters on a dense base: refused, as a training run on the pair is
-    check_lora_expert_targets(m.config, a.lora);
-  } catch (const std::invalid_argument& e) {
-    format_fail(a.dir, fmt::format("{} (base {})", e.what(), m.source));
+namespace {
+
+/// The base model a PEFT adapter folds into: `shape` of each of its tensors (nullopt: no such
+/// tensor), `data` of those held now (null: not held, its fold is skipped after the checks).
+struct FoldTarget {
+  std::function<std::optional<std::vector<int64_t>>(const std::string&)> shape;
+  std::function<float*(const std::string&)> data;
+};
+
+/// A PEFT adapter as the fold reads it onto a base `c` from `source`: checked against the base's
+/// kind, GPT-OSS's gate/up expert adapters regrouped, Phi-3's fused ones split into their parts.
+struct PreparedAdapter {
+  PreparedAdapter(const ModelConfig& c, const std::string& source, const PeftAdapter& adapter)
+      : a(adapter), st_path((fs::path(a.dir) / kAdapterWeightsFile).string()) {
+    try {  // expert adapters on a dense base: refused, as a training run on the pair is
+      check_lora_expert_targets(c, a.lora);
+    } catch (const std::invalid_argument& e) {
+      format_fail(a.dir, fmt::format("{} (base {})", e.what(), source));
+    }
+    regrouped = gpt_oss_gate_up(a.tensors, c);
+    parts = split_fused_adapters(a.tensors, c, a.lora.r, st_path);  // Phi-3 (formats/phi3_hf.hpp)
   }
-  if (peft_adapter_unties(a, m.config)) untie_embeddings(m);
+  const PeftAdapter& a;
+  const std::string st_path;
+  std::map<std::string, HostTensor> regrouped, parts;
+};
+
+/// W += scaling B A for every adapter of `p` (and its modules_to_save copied over) into the base
+/// tensors `t` holds, every adapter checked against the base's shapes whether held or not; the
+/// base is `c` read from `source` (for errors), already untied when the adapter unties it.
+void fold_peft_adapter(const ModelConfig& c, const std::string& source, const PreparedAdapter& p,
+                       const FoldTarget& t) {
+  const PeftAdapter& a = p.a;
+  const std::string& st_path = p.st_path;
+  const std::map<std::string, HostTensor>&regrouped = p.regrouped, &parts = p.parts;
   const double s = a.lora.scaling();
-  const std::map<std::string, HostTensor> regrouped = gpt_oss_gate_up(a.tensors, m.config);
-  for (int64_t i = 0; i < m.config.num_hidden_layers && lora_has_expert_targets(a.lora); ++i)
+  for (int64_t i = 0; i < c.num_hidden_layers && lora_has_expert_targets(a.lora); ++i)
     fold_experts(
-        a.lora, m.config, i, s,
+        a.lora, c, i, s,
         [&](const std::string& name, const std::vector<int64_t>& shape) {
-          const HostTensor* t = nullptr;
-          if (const auto it = regrouped.find(name); it != regrouped.end()) t = &it->second;
-          else if (const auto jt = a.tensors.find(name); jt != a.tensors.end()) t = &jt->second;
-          if (!t || t->shape != shape)
+          const HostTensor* at = nullptr;
+          if (const auto it = regrouped.find(name); it != regrouped.end()) at = &it->second;
+          else if (const auto jt = a.tensors.find(name); jt != a.tensors.end()) at = &jt->second;
+          if (!at || at->shape != shape)
             format_fail(st_path, fmt::format("the experts' adapter '{}' [{}]: missing or of another shape",
                                              name, fmt::join(shape, ", ")));
-          return t->data.data();
+          return at->data.data();
         },
         [&](const std::string& name, int64_t out, int64_t in) {
-          const auto it = m.tensors.find(name);
-          if (it == m.tensors.end() || it->second.shape != std::vector<int64_t>{out, in})
+          if (t.shape(name) != std::vector<int64_t>{out, in})
             format_fail(st_path,
-                        fmt::format("the base model {} has no '{}' [{}, {}]", m.source, name, out, in));
-          return it->second.data.data();
+                        fmt::format("the base model {} has no '{}' [{}, {}]", source, name, out, in));
+          return t.data(name);
         });
-  // Phi-3: the fused modules' adapters, one per part (formats/phi3_hf.hpp)
-  const std::map<std::string, HostTensor> parts =
-      split_fused_adapters(a.tensors, m.config, a.lora.r, st_path);
   for (const auto& [name, ta] : parts) {
     // lora_B (with its A), modules_to_save tensors, the experts' (above)
     if (!name.ends_with(kSuffixA) || is_expert_tensor(name)) continue;
@@ -200,22 +225,22 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
       format_fail(st_path, fmt::format("key '{}': missing (the pair of '{}')",
                                        peft_tensor_key(mod + kSuffixB), peft_tensor_key(name)));
     const HostTensor& tb = ib->second;
-    const auto iw = m.tensors.find(mod + ".weight");
-    if (iw == m.tensors.end())
+    const std::optional<std::vector<int64_t>> ws = t.shape(mod + ".weight");
+    if (!ws)
       format_fail(st_path, fmt::format("key '{}': the base model {} has no '{}.weight'",
-                                       peft_tensor_key(name), m.source, mod));
-    HostTensor& w = iw->second;
+                                       peft_tensor_key(name), source, mod));
     const int64_t r = a.lora.r;
-    if (w.shape.size() != 2 || ta.shape != std::vector<int64_t>{r, w.shape[1]})
+    if (ws->size() != 2 || ta.shape != std::vector<int64_t>{r, (*ws)[1]})
       format_fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(name),
-                                       r, w.shape.size() == 2 ? w.shape[1] : -1, fmt::join(ta.shape, ", ")));
-    if (tb.shape != std::vector<int64_t>{w.shape[0], r})
+                                       r, ws->size() == 2 ? (*ws)[1] : -1, fmt::join(ta.shape, ", ")));
+    if (tb.shape != std::vector<int64_t>{(*ws)[0], r})
       format_fail(st_path,
                   fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(mod + kSuffixB),
-                              w.shape[0], r, fmt::join(tb.shape, ", ")));
-    fold_lora(w.data.data(), ta.data.data(), tb.data.data(), w.shape[0], w.shape[1], r, s);
+                              (*ws)[0], r, fmt::join(tb.shape, ", ")));
+    if (float* w = t.data(mod + ".weight"))
+      fold_lora(w, ta.data.data(), tb.data.data(), (*ws)[0], (*ws)[1], r, s);
   }
-  for (const auto& [name, t] : a.tensors)
+  for (const auto& [name, tb] : a.tensors)
     if (name.ends_with(kSuffixB) && !is_expert_tensor(name) &&
         !a.tensors.count(name.substr(0, name.size() - std::strlen(kSuffixB)) + kSuffixA))
       format_fail(st_path, fmt::format("key '{}': its lora_A is missing", peft_tensor_key(name)));
@@ -223,22 +248,36 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
     const auto it = a.tensors.find(name);
     if (it == a.tensors.end()) continue;
     // tied (not untied above): the one matrix of both ends
-    const std::string dst = m.config.tie_word_embeddings && std::string(name) == kLmHead ? kEmbed : name;
-    const auto iw = m.tensors.find(dst);
-    if (iw == m.tensors.end() || iw->second.shape != it->second.shape)
-      format_fail(
-          st_path,
-          fmt::format(
-              "key '{}': expected shape [{}] of the base model's '{}', got [{}]", peft_tensor_key(name),
-              iw == m.tensors.end() ? std::string("?") : fmt::format("{}", fmt::join(iw->second.shape, ", ")),
-              dst, fmt::join(it->second.shape, ", ")));
-    iw->second.data = it->second.data;
+    const std::string dst = c.tie_word_embeddings && std::string(name) == kLmHead ? kEmbed : name;
+    const std::optional<std::vector<int64_t>> ds = t.shape(dst);
+    if (ds != it->second.shape)
+      format_fail(st_path, fmt::format("key '{}': expected shape [{}] of the base model's '{}', got [{}]",
+                                       peft_tensor_key(name),
+                                       ds ? fmt::format("{}", fmt::join(*ds, ", ")) : std::string("?"), dst,
+                                       fmt::join(it->second.shape, ", ")));
+    if (float* w = t.data(dst)) std::copy(it->second.data.begin(), it->second.data.end(), w);
   }
 }
 
-LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base,
-                                std::string* base_path) {
-  const PeftAdapter a = read_peft_adapter(adapter_dir);
+}  // namespace
+
+void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
+  if (peft_adapter_unties(a, m.config)) untie_embeddings(m);
+  const FoldTarget whole{[&](const std::string& name) -> std::optional<std::vector<int64_t>> {
+                           const auto it = m.tensors.find(name);
+                           if (it == m.tensors.end()) return std::nullopt;
+                           return it->second.shape;
+                         },
+                         [&](const std::string& name) { return m.tensors.at(name).data.data(); }};
+  fold_peft_adapter(m.config, m.source, PreparedAdapter(m.config, m.source, a), whole);
+}
+
+namespace {
+
+/// The base model of adapter `a` read from `adapter_dir`: `base` when given, else the local file
+/// its run recorded, else its base_model_name_or_path (as given or relative to the folder).
+std::string adapter_base_model(const std::string& adapter_dir, const PeftAdapter& a,
+                               const std::string& base) {
   std::string path = base;
   if (path.empty()) {
     const std::string cfg = (fs::path(adapter_dir) / kAdapterConfigFile).string();
@@ -266,6 +305,15 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
                   ? std::string()
                   : fmt::format(", nor is {}'s '{}'", kAdapterBaseFile, adapter_base_path(adapter_dir))));
   }
+  return path;
+}
+
+}  // namespace
+
+LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base,
+                                std::string* base_path) {
+  const PeftAdapter a = read_peft_adapter(adapter_dir);
+  const std::string path = adapter_base_model(adapter_dir, a, base);
   LoadedModel m = load_model(path);
   merge_peft_adapter(m, a);
   if (base_path) *base_path = path;
@@ -285,19 +333,42 @@ LoadedModel load_model_or_adapter(const std::string& path, const std::string& ba
 std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir,
                               const std::string& base, DType dtype) {
   check_model_output_folder(out_dir, {adapter_dir, base});
-  std::string path;
-  LoadedModel m = load_merged_adapter(adapter_dir, base, &path);
+  const PeftAdapter a = read_peft_adapter(adapter_dir);
+  const std::string path = adapter_base_model(adapter_dir, a, base);
   check_model_output_folder(out_dir, {path});  // the base named by the adapter, now resolved
-  const ModelLayout layout = make_layout(m.config);
+  ModelSource src = ModelSource::open(path);
+  if (peft_adapter_unties(a, src.config())) src.untie_embeddings();
+  const ModelConfig& c = src.config();
+  const ModelLayout layout = make_layout(c);
+  std::map<std::string, std::pair<size_t, const TensorSpec*>> where;  // each tensor's group and place
+  for (size_t g = 0; g < layout.groups.size(); ++g)
+    for (const TensorSpec& t : layout.groups[g].tensors) where[t.name] = {g, &t};
+  const auto shape = [&](const std::string& name) -> std::optional<std::vector<int64_t>> {
+    const auto it = where.find(name);
+    if (it == where.end()) return std::nullopt;
+    return it->second.second->shape;
+  };
+  // every check first, nothing held: a refused adapter writes nothing
+  const PreparedAdapter prepared(c, src.header().source, a);
+  fold_peft_adapter(c, src.header().source, prepared,
+                    {shape, [](const std::string&) -> float* { return nullptr; }});
   std::vector<float> group;
-  const GroupReader read = [&](size_t g) {  // each group once: its tensors' fp32 copies go as it is made
+  size_t held = 0;
+  const FoldTarget part{shape, [&](const std::string& name) -> float* {
+                          const auto it = where.find(name);
+                          if (it == where.end() || it->second.first != held) return nullptr;
+                          return group.data() + it->second.second->offset;
+                        }};
+  const GroupReader read = [&](size_t g) {  // one group of the base at a time, the adapter folded in
     std::vector<float>().swap(group);
     group.resize(size_t(layout.groups.at(g).numel));
-    fill_group(m, layout, g, group);
-    for (const TensorSpec& t : layout.groups[g].tensors) m.tensors.erase(t.name);
+    read_model_group(src, layout, int(g), group);
+    held = g;
+    fold_peft_adapter(c, src.header().source, prepared, part);
     return group.data();
   };
-  save_model_folder(out_dir, layout, read, m.tokenizer_json, m.chat_template, dtype, "merge");
+  save_model_folder(out_dir, layout, read, src.header().tokenizer_json, src.header().chat_template, dtype,
+                    "merge");
   return path;
 }
 

@@ -241,8 +241,10 @@ LoadedModel load_model_or_adapter(const std::string& path, const std::string& ba
 /// base first (check_model_output_folder: std::invalid_argument, nothing written). Returns the base model's
 /// path. Throws std::runtime_error naming the file and key ("<dir>/adapter_config.json: key
 /// 'base_model_name_or_path': ... pass the base model explicitly" when it is no local model).
-/// Host memory: the merged model in fp32 (4 bytes a parameter) plus one layout group, each
-/// group's tensors released as the writer takes it.
+/// Streamed: the base is opened as a ModelSource and each layout group is read, folded
+/// (the same values as merge_peft_adapter) and released as the writer reaches it, so the
+/// host memory needed is the adapter plus about twice the largest group, not the fp32 model.
+/// Every adapter tensor is checked against the base's shapes before anything is written.
 std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir,
                               const std::string& base, DType dtype);
 

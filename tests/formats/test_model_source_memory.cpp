@@ -18,6 +18,7 @@
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
+#include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/model_source.hpp"
 #include "test_io_util.hpp"
@@ -389,6 +390,63 @@ TEST(ModelSourceMemory, ConvertHoldsAboutTwoGroupsNotTheModel) {
     ASSERT_TRUE(back.tensors.count(name)) << name;
     EXPECT_TRUE(back.tensors.at(name).data == t.data) << name;
   }
+}
+
+// merge reads the base one group at a time too, folding the adapter into each as the writer
+// takes it: its peak grows by about two groups, where loading the base and folding it in
+// (load_merged_adapter, what merge did) holds the fp32 model. The folder holds those values.
+TEST(ModelSourceMemory, MergeHoldsAboutTwoGroupsNotTheModel) {
+  test::TempDir dir("merge_mem");
+  const ModelConfig c = big_config();
+  const std::string gguf = (dir.path / "m.gguf").string(), out = (dir.path / "merged").string();
+  const std::string adapter = (dir.path / "adapter").string();
+  write_f16_gguf(c, gguf);
+  LoraConfig lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  const ModelLayout lay = make_layout(c, lora);
+  std::vector<std::vector<float>> adapters(lay.groups.size());
+  std::vector<const float*> ptrs(lay.groups.size(), nullptr);
+  for (int l = 1; l <= int(c.num_hidden_layers); ++l) {
+    const size_t g = size_t(lay.adapter_group(l));
+    adapters[g] = test::random_values(size_t(lay.groups[g].numel), uint32_t(500 + l), 0.05f);
+    ptrs[g] = adapters[g].data();
+  }
+  save_peft_adapter(adapter, lay, ptrs, gguf);
+  const ModelLayout layout = make_layout(c);
+  const double fp32 = 4.0 * double(c.num_parameters());
+  double largest = 0;
+  for (const auto& g : layout.groups) largest = std::max(largest, 4.0 * double(g.numel));
+
+  malloc_trim(0);
+  if (!reset_peak() || status_bytes("VmHWM") < 0)
+    GTEST_SKIP() << "/proc/self/clear_refs cannot reset VmHWM here";
+  int64_t before = status_bytes("VmRSS");
+  ASSERT_TRUE(reset_peak());
+  EXPECT_EQ(merge_peft_folder(adapter, out, gguf, DType::f32), gguf);
+  const double streamed = double(status_bytes("VmHWM") - before);
+
+  malloc_trim(0);
+  before = status_bytes("VmRSS");
+  ASSERT_TRUE(reset_peak());
+  const LoadedModel m = load_merged_adapter(adapter, gguf, nullptr);
+  const double eager = double(status_bytes("VmHWM") - before);
+  std::printf("fp32 model %.0f MB, largest group %.0f MB; peak growth: streamed %.0f MB, eager %.0f MB\n",
+              fp32 / 1e6, largest / 1e6, streamed / 1e6, eager / 1e6);
+  EXPECT_LT(streamed, 3 * largest + 0.1 * fp32);
+  EXPECT_GT(eager, fp32);
+
+  const LoadedModel back = load_model(out);
+  ASSERT_EQ(back.tensors.size(), m.tensors.size());
+  for (const auto& [name, t] : m.tensors) {
+    ASSERT_TRUE(back.tensors.count(name)) << name;
+    EXPECT_TRUE(back.tensors.at(name).data == t.data) << name;
+  }
+  // the adapter is in: a targeted matrix differs from the base's
+  const LoadedModel base = load_model(gguf);
+  EXPECT_FALSE(base.tensors.at("model.layers.3.mlp.down_proj.weight").data ==
+               back.tensors.at("model.layers.3.mlp.down_proj.weight").data);
 }
 
 }  // namespace
