@@ -19,6 +19,7 @@
 #include "kernels/weight_format.hpp"
 #include "model/error_text.hpp"
 #include "roundpipe/adapter.hpp"
+#include "roundpipe/model_source.hpp"
 
 namespace rp {
 
@@ -80,8 +81,9 @@ struct OutTensor {
   std::string name;
   std::vector<int64_t> shape;
   GgmlType type = GgmlType::F32;
-  const float* data = nullptr;
-  std::vector<float> own;  ///< the values when computed here (rope_freqs, permuted q/k)
+  std::string hf;             ///< the model's tensor it is read from when written ("": `own`)
+  int64_t permute_heads = 0;  ///< LLaMA q/k: convert_hf_to_gguf.py's row permutation over that many heads
+  std::vector<float> own;     ///< the values when computed here (rope_freqs)
   uint64_t offset = 0, nbytes = 0;
   int64_t numel() const {
     int64_t n = 1;
@@ -268,20 +270,19 @@ void tokenizer_metadata(GgufHeader& h, const LoadedModel& m, const std::string& 
   if (!m.chat_template.empty()) h.str("tokenizer.chat_template", m.chat_template);
 }
 
-/// The tensors of `m` under their GGUF names, in llama.cpp's order.
-std::vector<OutTensor> plan_tensors(const LoadedModel& m, const std::string& arch, GgufExportType type) {
-  const ModelConfig& c = m.config;
+/// The tensors of `src` under their GGUF names, in llama.cpp's order (their shapes; the values
+/// are read when written).
+std::vector<OutTensor> plan_tensors(const ModelSource& src, const std::string& arch, GgufExportType type) {
+  const ModelConfig& c = src.config();
   const GgmlType matrix = type == GgufExportType::f16    ? GgmlType::F16
                           : type == GgufExportType::bf16 ? GgmlType::BF16
                                                          : GgmlType::Q8_0;
   std::vector<OutTensor> out;
   auto add = [&](const std::string& hf) {
-    const auto it = m.tensors.find(hf);
-    if (it == m.tensors.end()) throw std::runtime_error(fmt::format("{}: missing tensor '{}'", m.source, hf));
     OutTensor t;
     t.name = hf_to_gguf_name(hf, arch);
-    t.shape = it->second.shape;
-    t.data = it->second.data.data();
+    t.shape = src.shape(hf);  // throws naming the source and the tensor when it has none
+    t.hf = hf;
     t.type = t.shape.size() == 2 ? matrix : GgmlType::F32;
     // llama.cpp falls back to F16 for rows that are not whole Q8_0 blocks
     if (t.type == GgmlType::Q8_0 && t.shape[1] % 32 != 0) t.type = GgmlType::F16;
@@ -293,7 +294,6 @@ std::vector<OutTensor> plan_tensors(const LoadedModel& m, const std::string& arc
     t.name = "rope_freqs.weight";
     t.own = llama3_rope_factors(c);
     t.shape = {int64_t(t.own.size())};
-    t.data = t.own.data();
     out.push_back(std::move(t));
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -301,12 +301,9 @@ std::vector<OutTensor> plan_tensors(const LoadedModel& m, const std::string& arc
     add(p + "input_layernorm.weight");
     for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
       add(p + "self_attn." + proj + ".weight");
-      if (arch == "llama" && std::string(proj) != "v_proj") {  // convert_hf_to_gguf.py's permute()
-        OutTensor& t = out.back();
-        const int64_t heads = std::string(proj) == "q_proj" ? c.num_attention_heads : c.num_key_value_heads;
-        t.own = permute_qk_rows(t.data, t.shape[0], t.shape[1], heads);
-        t.data = t.own.data();
-      }
+      if (arch == "llama" && std::string(proj) != "v_proj")  // convert_hf_to_gguf.py's permute()
+        out.back().permute_heads =
+            std::string(proj) == "q_proj" ? c.num_attention_heads : c.num_key_value_heads;
       if (c.qkv_bias) add(p + "self_attn." + proj + ".bias");
     }
     add(p + "self_attn.o_proj.weight");
@@ -373,14 +370,16 @@ int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExpor
     throw std::invalid_argument(
         one_line(fmt::format("{}: not a folder (expected a Hugging Face model folder)", in_dir)));
   check_output(out, {in_dir, base.empty() ? adapter_base_path(in_dir) : base}, force);
-  const LoadedModel m = load_model_or_adapter(in_dir, base);
+  // a plain folder is read one tensor at a time as it is written; an adapter is merged first
+  const ModelSource src = open_model_or_adapter(in_dir, base);
+  const LoadedModel& m = src.header();
   const std::string arch = gguf_architecture(m.config, in_dir);
   GgufHeader kv;
   fs::path named = fs::path(in_dir).lexically_normal();
   if (!named.has_filename()) named = named.parent_path();  // "runs/x/final/"
   model_metadata(kv, m.config, arch, named.filename().string(), type);
   tokenizer_metadata(kv, m, in_dir);
-  const std::vector<OutTensor> tensors = plan_tensors(m, arch, type);
+  const std::vector<OutTensor> tensors = plan_tensors(src, arch, type);
   GgufHeader info;
   for (const OutTensor& t : tensors) {
     info.put_str(t.name);
@@ -405,8 +404,10 @@ int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExpor
     pad(os, head.bytes().size() + kv.bytes().size() + info.bytes().size());
     std::vector<uint8_t> buf;
     for (const OutTensor& t : tensors) {
+      std::vector<float> values = t.hf.empty() ? t.own : src.read_f32(t.hf).data;
+      if (t.permute_heads) values = permute_qk_rows(values.data(), t.shape[0], t.shape[1], t.permute_heads);
       buf.resize(t.nbytes);
-      quantize_weights(format_of(t.type), t.data, buf.data(), t.numel());
+      quantize_weights(format_of(t.type), values.data(), buf.data(), t.numel());
       write(buf);
       pad(os, t.nbytes);
     }

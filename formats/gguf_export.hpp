@@ -43,6 +43,9 @@ GgufExportType parse_gguf_export_type(const std::string& s);
 /// std::invalid_argument (one line naming the file) for a refused output, another
 /// architecture, a tokenizer that is not byte-level BPE; std::runtime_error("<file>: ...")
 /// for I/O failures and what load_model throws. Returns the number of tensors written.
+/// A model folder is read one tensor at a time as the file is written (ModelSource: about one
+/// tensor's fp32 values of host memory); an adapter folder is merged onto its base first and
+/// held in fp32 (open_model_or_adapter).
 int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExportType type, bool force,
                     const std::string& base = "");
 

@@ -320,14 +320,28 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
   return m;
 }
 
-LoadedModel load_model_or_adapter(const std::string& path, const std::string& base) {
+namespace {
+
+/// Whether `path` is a PEFT adapter folder (it holds adapter_config.json); a `base` given for
+/// anything else is refused.
+bool is_adapter_folder(const std::string& path, const std::string& base) {
   std::error_code ec;
-  if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / kAdapterConfigFile, ec))
-    return load_merged_adapter(path, base, nullptr);
+  if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / kAdapterConfigFile, ec)) return true;
   if (!base.empty())
     throw std::invalid_argument(
         fmt::format("--base: only for a LoRA adapter folder; {} has no {}", path, kAdapterConfigFile));
-  return load_model(path);
+  return false;
+}
+
+}  // namespace
+
+LoadedModel load_model_or_adapter(const std::string& path, const std::string& base) {
+  return is_adapter_folder(path, base) ? load_merged_adapter(path, base, nullptr) : load_model(path);
+}
+
+ModelSource open_model_or_adapter(const std::string& path, const std::string& base) {
+  return is_adapter_folder(path, base) ? ModelSource::from_loaded(load_merged_adapter(path, base, nullptr))
+                                       : ModelSource::open(path);
 }
 
 std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir,

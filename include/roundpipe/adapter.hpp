@@ -42,6 +42,8 @@
 
 namespace rp {
 
+class ModelSource;  // roundpipe/model_source.hpp
+
 inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
 inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
 
@@ -233,6 +235,10 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
 /// `base` for anything but an adapter folder throws std::invalid_argument ("--base: only for a
 /// LoRA adapter folder; ...").
 LoadedModel load_model_or_adapter(const std::string& path, const std::string& base = "");
+/// load_model_or_adapter as a ModelSource: a model is opened to be read one tensor at a time
+/// (ModelSource::open, nothing held in fp32), an adapter folder merged onto its base and held
+/// (ModelSource::from_loaded). Throws as load_model_or_adapter.
+ModelSource open_model_or_adapter(const std::string& path, const std::string& base = "");
 /// `roundpipe merge`: reads the PEFT adapter folder `adapter_dir`, loads its base model
 /// (`base`, or else the local path of kAdapterBaseFile, or else the adapter's
 /// base_model_name_or_path: as given, or relative to the adapter folder), folds the adapter in

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/gguf_export.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
@@ -299,6 +300,11 @@ void write_f16_gguf(const ModelConfig& c, const std::string& path) {
   g.f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
   g.f32("llama.rope.freq_base", 10000.0f);
   g.u32("llama.context_length", uint32_t(c.max_position_embeddings));
+  g.str("tokenizer.ggml.model", "gpt2");  // a byte-level BPE vocabulary: "t0" .. "t<V-1>", one merge
+  std::vector<std::string> tokens;
+  for (int64_t i = 0; i < c.vocab_size; ++i) tokens.push_back("t" + std::to_string(i));
+  g.str_array("tokenizer.ggml.tokens", tokens);
+  g.str_array("tokenizer.ggml.merges", {"t t1"});
   const uint64_t H = uint64_t(c.hidden_size), F = uint64_t(c.intermediate_size), V = uint64_t(c.vocab_size);
   const uint64_t q = uint64_t(c.num_attention_heads * c.head_dim),
                  kv = uint64_t(c.num_key_value_heads * c.head_dim);
@@ -349,8 +355,9 @@ void write_f16_gguf(const ModelConfig& c, const std::string& path) {
 
 // convert reads one layout group at a time from the GGUF while it writes the folder (its peak
 // grows by about two groups); the load-then-write it replaced held the fp32 model twice over
-// (load_model, then the groups). The folder holds the model's values exactly (f32).
-TEST(ModelSourceMemory, ConvertHoldsAboutTwoGroupsNotTheModel) {
+// (load_model, then the groups). The folder holds the model's values exactly (f32), and
+// export-gguf, reading it one tensor at a time, writes them back.
+TEST(ModelSourceMemory, ConvertAndExportHoldAboutTwoGroupsNotTheModel) {
   test::TempDir dir("convert_mem");
   const ModelConfig c = big_config();  // tied: the GGUF has no output.weight
   const std::string gguf = (dir.path / "m.gguf").string(), out = (dir.path / "hf").string();
@@ -384,12 +391,27 @@ TEST(ModelSourceMemory, ConvertHoldsAboutTwoGroupsNotTheModel) {
   EXPECT_LT(streamed, 3 * largest + 0.1 * fp32);
   EXPECT_GT(eager, 1.5 * fp32);  // the measurement sees the fp32 copies when there are some
 
-  const LoadedModel back = load_model(out);
-  ASSERT_EQ(back.tensors.size(), m.tensors.size());
-  for (const auto& [name, t] : m.tensors) {
-    ASSERT_TRUE(back.tensors.count(name)) << name;
-    EXPECT_TRUE(back.tensors.at(name).data == t.data) << name;
+  {
+    const LoadedModel back = load_model(out);
+    ASSERT_EQ(back.tensors.size(), m.tensors.size());
+    for (const auto& [name, t] : m.tensors) {
+      ASSERT_TRUE(back.tensors.count(name)) << name;
+      EXPECT_TRUE(back.tensors.at(name).data == t.data) << name;
+    }
   }
+
+  // export-gguf reads the folder one tensor at a time as it writes; f16 gives back the GGUF's values
+  malloc_trim(0);
+  before = status_bytes("VmRSS");
+  ASSERT_TRUE(reset_peak());
+  const std::string again = (dir.path / "again.gguf").string();
+  export_gguf(out, again, GgufExportType::f16, false);
+  const double exported = double(status_bytes("VmHWM") - before);
+  std::printf("export-gguf: peak growth %.0f MB\n", exported / 1e6);
+  EXPECT_LT(exported, 3 * largest + 0.1 * fp32);
+  const LoadedModel back = load_model(again);
+  ASSERT_EQ(back.tensors.size(), m.tensors.size());
+  for (const auto& [name, t] : m.tensors) EXPECT_TRUE(back.tensors.at(name).data == t.data) << name;
 }
 
 // merge reads the base one group at a time too, folding the adapter into each as the writer
