@@ -87,4 +87,17 @@ std::string read_opened(const std::string& path, std::string_view expected, std:
 
 }  // namespace
 
+void check_mapped_file_holds(int fd, uint64_t end, uint64_t size_when_opened, const std::string& path,
+                             const std::string& what) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw std::runtime_error(
+        fmt::format("{}: {}: cannot check the file ({})", path, what, std::strerror(errno)));
+  if (uint64_t(st.st_size) < end)
+    throw std::runtime_error(
+        fmt::format("{}: {}: the file is now {} bytes, shorter than the {} it had when opened (it changed "
+                    "while being read)",
+                    path, what, uint64_t(st.st_size), size_when_opened));
+}
+
 }  // namespace rp

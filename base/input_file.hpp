@@ -21,6 +21,14 @@ namespace rp {
 std::string read_input_file(const std::string& path, std::string_view expected,
                             std::string_view opening = "");
 
+/// Before reading bytes [0, end) of a memory-mapped file through its mapping: throws
+/// std::runtime_error("<path>: <what>: the file is now N bytes, shorter than the M it had when
+/// opened (it changed while being read)") when the open file `fd` no longer holds them (a read
+/// of the mapping past the end of a file that shrank dies of SIGBUS), or
+/// "<path>: <what>: cannot check the file (<reason>)" when fstat fails.
+void check_mapped_file_holds(int fd, uint64_t end, uint64_t size_when_opened, const std::string& path,
+                             const std::string& what);
+
 /// What a std::bad_alloc while reading `where` (a file, or a file:line) means, as every reader
 /// says it: "<where>: cannot read (<bytes> bytes do not fit in memory)", or "<where>: cannot read
 /// (it does not fit in memory)" when `bytes` < 0 (a size not known).

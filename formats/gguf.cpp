@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "base/input_file.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/weight_format.hpp"
 
@@ -362,10 +363,13 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
         fmt::format("{}: truncated file: {} bytes is too small for a GGUF header", path, size_));
   }
   void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (m == MAP_FAILED)
-    throw std::runtime_error(fmt::format("{}: mmap failed: {}", path, std::strerror(errno)));
+  if (m == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(fmt::format("{}: mmap failed: {}", path, std::strerror(err)));
+  }
   map_ = static_cast<const uint8_t*>(m);
+  fd_ = fd;  // kept open: a tensor's read first checks the file still holds it
   try {
     Reader r{map_, size_, 0, path_, 0};
     if (std::memcmp(map_, "GGUF", 4) != 0) r.fail("not a GGUF file (bad magic)");
@@ -448,12 +452,14 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), size_);
     map_ = nullptr;
+    ::close(fd_);
     throw;
   }
 }
 
 GgufFile::~GgufFile() {
   if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 const nlohmann::json& GgufFile::get(const std::string& key) const {
@@ -494,7 +500,11 @@ const GgufTensorInfo* GgufFile::find(const std::string& name) const {
   return nullptr;
 }
 
-const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const { return map_ + data_offset_ + t.offset; }
+const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const {
+  check_mapped_file_holds(fd_, data_offset_ + t.offset + t.nbytes, size_, path_,
+                          fmt::format("tensor '{}'", t.name));
+  return map_ + data_offset_ + t.offset;
+}
 
 void GgufFile::check_dequantizable(const GgufTensorInfo& t) const {
   if (!ggml_can_dequantize(t.type))
@@ -504,7 +514,7 @@ void GgufFile::check_dequantizable(const GgufTensorInfo& t) const {
 
 void GgufFile::release(const GgufTensorInfo& t) const {
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t p = uintptr_t(tensor_data(t));
+  const uintptr_t p = uintptr_t(map_ + data_offset_ + t.offset);
   const uintptr_t lo = p / page * page;
   const uintptr_t hi = std::min(uintptr_t(map_ + size_), (p + t.nbytes + page - 1) / page * page);
   if (hi > lo)

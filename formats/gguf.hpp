@@ -93,7 +93,9 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }      ///< general.alignment, default 32
   uint64_t data_offset() const { return data_offset_; }  ///< bytes from file start
   uint64_t file_size() const { return size_; }
-  /// Raw bytes of tensor `t` (inside the mapping, valid while this object lives).
+  /// Raw bytes of tensor `t` (inside the mapping, valid while this object lives). Throws
+  /// std::runtime_error naming the file and tensor when the file no longer holds them (it
+  /// shrank since it was opened: reading the mapping there would die of SIGBUS).
   const uint8_t* tensor_data(const GgufTensorInfo& t) const;
   /// Tensor `t` as fp32 in row-major order (ne[0] fastest). Throws std::runtime_error naming
   /// the file and tensor for types that cannot be dequantized.
@@ -107,6 +109,7 @@ class GgufFile {
  private:
   std::string path_;
   const uint8_t* map_ = nullptr;
+  int fd_ = -1;
   uint64_t size_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -1,5 +1,7 @@
 #include "formats/safetensors.hpp"
+
 #include "base/atomic_file.hpp"
+#include "base/input_file.hpp"
 #include "base/json_text.hpp"
 #include "formats/parallel_quantize.hpp"
 #include "model/error_text.hpp"
@@ -72,9 +74,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     fail(fmt::format("truncated file: {} bytes, a safetensors header needs at least 8", size_));
   }
   void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (m == MAP_FAILED) fail(fmt::format("mmap failed: {}", std::strerror(errno)));
+  if (m == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    fail(fmt::format("mmap failed: {}", std::strerror(err)));
+  }
   map_ = static_cast<const uint8_t*>(m);
+  fd_ = fd;  // kept open: a tensor's read first checks the file still holds it
   try {
     uint64_t n;
     std::memcpy(&n, map_, 8);
@@ -143,6 +149,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                          excerpt(entries_[i].name)));
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), size_);
+    ::close(fd_);
     map_ = nullptr;
     throw;
   }
@@ -150,6 +157,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
@@ -158,7 +166,10 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const { return map_ + data_start_ + e.begin; }
+const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const {
+  check_mapped_file_holds(fd_, data_start_ + e.end, size_, path_, fmt::format("tensor '{}'", e.name));
+  return map_ + data_start_ + e.begin;
+}
 
 void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
   SafetensorsEntry empty = e;  // read_f32's dtype dispatch on no elements: its error, or nothing
@@ -168,9 +179,9 @@ void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
 
 void SafetensorsFile::release(const SafetensorsEntry& e) const {
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = uintptr_t(data(e)) / page * page;
-  const uintptr_t hi =
-      std::min(uintptr_t(map_ + size_), (uintptr_t(data(e)) + (e.end - e.begin) + page - 1) / page * page);
+  const uintptr_t p = uintptr_t(map_ + data_start_ + e.begin);
+  const uintptr_t lo = p / page * page;
+  const uintptr_t hi = std::min(uintptr_t(map_ + size_), (p + (e.end - e.begin) + page - 1) / page * page);
   if (hi > lo)
     ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
 }

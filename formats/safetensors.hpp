@@ -51,7 +51,9 @@ class SafetensorsFile {
   const SafetensorsEntry* find(const std::string& name) const;
   /// The "__metadata__" object (string -> string), or an empty object.
   const nlohmann::json& metadata() const { return metadata_; }
-  /// Raw bytes of `e` inside the mapping (valid while this object lives).
+  /// Raw bytes of `e` inside the mapping (valid while this object lives). Throws
+  /// std::runtime_error naming the file and tensor when the file no longer holds them (it
+  /// shrank since it was opened: reading the mapping there would die of SIGBUS).
   const uint8_t* data(const SafetensorsEntry& e) const;
   /// `e` converted to fp32 (F32, F16, BF16; U8 bytes as their values 0..255, for MXFP4
   /// blocks and scales; others throw std::runtime_error naming the file and tensor).
@@ -60,6 +62,7 @@ class SafetensorsFile {
  private:
   std::string path_;
   const uint8_t* map_ = nullptr;
+  int fd_ = -1;
   uint64_t size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;

@@ -555,5 +555,39 @@ TEST(ModelSource, BadFilesGiveLoadModelsOneLineErrors) {
   expect_same(dir / "nope", "no such file or directory");
 }
 
+// A model file that shrinks while it is read (truncated in place by another program) fails the
+// read of a tensor it no longer holds with one line naming the file and the tensor; reading
+// the mapping there would have died of SIGBUS. The tensors it still holds read as before.
+TEST(ModelSource, AFileThatShrinksWhileReadFailsTheReadNotTheProcess) {
+  test::TempDir dir("msrc_shrink");
+  const std::string f = RP_FIXTURES_DIR;
+  fs::copy(f + "/gguf_moe/tiny_qwen3_moe.f32.gguf", dir.path / "m.gguf");
+  fs::create_directories(dir.path / "hf");
+  for (const char* name : {"config.json", "model.safetensors"})
+    fs::copy(f + "/hf_golden/tiny_llama/" + name, dir.path / "hf" / name);
+  for (const auto& [path, file] : {std::pair{dir.path / "m.gguf", dir.path / "m.gguf"},
+                                   std::pair{dir.path / "hf", dir.path / "hf" / "model.safetensors"}}) {
+    SCOPED_TRACE(path.string());
+    const ModelSource src = ModelSource::open(path.string());
+    const LoadedModel whole = load_model(path.string());
+    fs::resize_file(file, fs::file_size(file) / 2);
+    int read = 0, refused = 0;
+    for (const auto& [name, t] : whole.tensors) {
+      try {
+        EXPECT_TRUE(src.read_f32(name).data == t.data) << name;
+        ++read;
+      } catch (const std::runtime_error& e) {
+        const std::string what = e.what();
+        EXPECT_EQ(what.rfind(file.string() + ": tensor '", 0), 0u) << what;
+        EXPECT_NE(what.find("shorter than the"), std::string::npos) << what;
+        EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+        ++refused;
+      }
+    }
+    EXPECT_GT(read, 0);
+    EXPECT_GT(refused, 0);
+  }
+}
+
 }  // namespace
 }  // namespace rp
