@@ -159,6 +159,8 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout, co
 }
 
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs) {
+  if (out_dir.empty())
+    throw std::invalid_argument("output folder: an empty path; expected the folder to write the model into");
   if (const std::string why = unsafe_output_folder(out_dir); !why.empty())
     throw std::invalid_argument(one_line(fmt::format(
         "{}: output {}, which a model folder would replace as a whole; expected a folder of its own", out_dir,
@@ -193,6 +195,7 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
 }
 
 std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir) {
+  if (out_dir.empty()) return {};  // no folder: check_model_output_folder refuses it
   std::string d = out_dir;
   while (d.size() > 1 && d.back() == '/') d.pop_back();
   const fs::path p(d);

@@ -223,6 +223,15 @@ TEST(CliMerge, ConvertAndMergeRefuseTheRootHomeAndWorkingDirectory) {
                         "output contains the working directory");
   expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " /", d, home),
                         "output is the root folder");
+  // an empty output is no folder (it read as the root before); nothing is looked for or touched
+  fs::create_directories(d / "home/work/out.tmp-999999999");
+  for (const std::string cmd : {"convert " + gguf + " ''",
+                                "merge " + kPeft + "untied_all/adapter '' --base " + kPeft + "base_untied"}) {
+    const CliRun r = roundpipe_in(d / "home/work", cmd, d, home);
+    expect_one_line_error(r, "output folder: an empty path");
+    EXPECT_EQ(r.out, "") << cmd;
+  }
+  fs::remove(d / "home/work/out.tmp-999999999");
   expect_one_line_error(
       roundpipe_in(d / "home/work", "merge " + kPeft + "untied_all/adapter . --base " + kPeft + "base_untied",
                    d, home),
