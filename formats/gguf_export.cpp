@@ -16,6 +16,7 @@
 #include "base/output_folder.hpp"
 #include "formats/gguf.hpp"
 #include "formats/tokenizer_export.hpp"
+#include "kernels/dtype.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/error_text.hpp"
 #include "roundpipe/adapter.hpp"
@@ -406,6 +407,16 @@ int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExpor
     for (const OutTensor& t : tensors) {
       std::vector<float> values = t.hf.empty() ? t.own : src.read_f32(t.hf).data;
       if (t.permute_heads) values = permute_qk_rows(values.data(), t.shape[0], t.shape[1], t.permute_heads);
+      const DType narrow = t.type == GgmlType::F16    ? DType::f16
+                           : t.type == GgmlType::BF16 ? DType::bf16
+                                                      : DType::f32;
+      if (const Overflows o = narrowing_overflows(values.data(), t.numel(), narrow); o.count)
+        throw std::runtime_error(one_line(fmt::format(
+            "{}: tensor '{}': {} value{} beyond {}'s range (the first, {}, at element {}) would be written "
+            "as "
+            "infinity; export with --type {} instead",
+            src.header().source, t.hf, o.count, o.count == 1 ? " is" : "s are", dtype_name(narrow),
+            values[size_t(o.first)], o.first, narrow == DType::f16 ? "bf16" : "q8_0")));
       buf.resize(t.nbytes);
       quantize_weights(format_of(t.type), values.data(), buf.data(), t.numel());
       write(buf);

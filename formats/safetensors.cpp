@@ -342,6 +342,12 @@ void save_safetensors(const std::string& path, const std::vector<TensorRef>& ten
       for (auto d : t.shape) n *= uint64_t(d);
       const float* data = t.data ? t.data : n && t.read ? t.read() : nullptr;
       if (n && !data) fail(fmt::format("tensor '{}': null data", t.name));
+      if (const Overflows o = narrowing_overflows(data, int64_t(n), dtype); o.count)
+        fail(
+            fmt::format("tensor '{}': {} value{} beyond {}'s range (the first, {}, at element {}) would be "
+                        "written as infinity; save in {} instead",
+                        t.name, o.count, o.count == 1 ? " is" : "s are", dtype_name(dtype), data[o.first],
+                        o.first, dtype == DType::f16 ? "bf16 or f32" : "f32"));
       if (dtype == DType::f32) {
         put(data, size_t(n) * 4);
         continue;

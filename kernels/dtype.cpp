@@ -1,5 +1,7 @@
 #include "kernels/dtype.hpp"
 
+#include <cfloat>
+#include <cmath>
 #include <stdexcept>
 
 namespace rp {
@@ -83,6 +85,19 @@ uint16_t f32_to_f16(float f) {
   r >>= 13;
   if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) ++r;
   return uint16_t(sign | r);
+}
+
+Overflows narrowing_overflows(const float* x, int64_t n, DType t) {
+  Overflows o;
+  if (t != DType::f16 && t != DType::bf16) return o;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    const bool over = t == DType::f16 ? a >= 65520.0f && a <= FLT_MAX
+                                      : a <= FLT_MAX && (f32_to_bf16(a) & 0x7fffu) == 0x7f80u;
+    if (!over) continue;
+    if (o.count++ == 0) o.first = i;
+  }
+  return o;
 }
 
 }  // namespace rp

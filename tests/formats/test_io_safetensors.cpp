@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "formats/checkpoint.hpp"
 #include "formats/safetensors.hpp"
@@ -78,6 +79,34 @@ TEST(IoSafetensors, Bf16AndF16Rounding) {
   auto bv = b.read_f32(*b.find("x")).data;
   EXPECT_EQ(bv, (std::vector<float>{1.0f, 1.0f, 1.015625f, -3.0f, 65536.0f}));
   EXPECT_EQ(h.read_f32(*h.find("x")).data, v);  // all exactly representable in f16
+}
+
+// A weight that f16 cannot hold (|x| > 65504) would be written as infinity: the write is
+// refused naming the tensor and the first such value, and nothing is left at the path; bf16
+// keeps it, and infinities and NaNs already there are no overflow.
+TEST(IoSafetensors, NarrowingThatWouldWriteAnInfinityIsRefused) {
+  TempDir dir("st");
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v = {1.0f, 70000.0f, -1e6f, inf, nan, 65504.0f};
+  try {
+    save_safetensors(dir / "h.safetensors", {{"ok", {1}, v.data()}, {"x", {6}, v.data()}}, DType::f16);
+    ADD_FAILURE() << "written";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "tensor 'x': 2 values are beyond f16's range (the first, 70000, at element 1) would be written "
+            "as infinity; save in bf16 or f32 instead"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()), 0);
+  save_safetensors(dir / "b.safetensors", {{"x", {6}, v.data()}}, DType::bf16);
+  const SafetensorsFile bf(dir / "b.safetensors");
+  const std::vector<float> b = bf.read_f32(*bf.find("x")).data;
+  EXPECT_EQ(b[1], 70144.0f);  // bf16's nearest
+  EXPECT_TRUE(std::isinf(b[3]) && std::isnan(b[4]));
+  std::vector<float> specials = {inf, -inf, nan, 65504.0f};
+  save_safetensors(dir / "s.safetensors", {{"x", {4}, specials.data()}}, DType::f16);
 }
 
 TEST(IoSafetensors, ShardedWithIndex) {
