@@ -327,6 +327,33 @@ std::vector<OutTensor> plan_tensors(const ModelSource& src, const std::string& a
   return out;
 }
 
+/// Refuses values `t`'s GGML type would write as infinity: beyond f16's range (F16), bf16's
+/// (BF16), or, for Q8_0, beyond what a block's f16 scale (the block's largest |x| / 127) holds.
+void check_range(const std::vector<float>& values, const OutTensor& t, const std::string& source) {
+  Overflows o;
+  const char* range = "";
+  const char* instead = "";
+  if (t.type == GgmlType::F16 || t.type == GgmlType::BF16) {
+    const DType d = t.type == GgmlType::F16 ? DType::f16 : DType::bf16;
+    o = narrowing_overflows(values.data(), t.numel(), d);
+    range = t.type == GgmlType::F16 ? "f16's range" : "bf16's range";
+    instead =
+        t.type == GgmlType::F16 ? "export with --type bf16 instead" : "no GGUF type written here holds them";
+  } else if (t.type == GgmlType::Q8_0) {
+    for (size_t i = 0; i < values.size(); ++i)
+      if (std::isfinite(values[i]) && std::fabs(values[i]) / 127.0f >= 65520.0f && o.count++ == 0)
+        o.first = int64_t(i);
+    range = "q8_0's range (a block's f16 scale: |x| / 127 up to 65504)";
+    instead = "export with --type bf16 instead";
+  }
+  if (o.count)
+    throw std::runtime_error(one_line(fmt::format(
+        "{}: tensor '{}': {} value{} beyond {} (the first, {}, at element {}) would be written as "
+        "infinity; {}",
+        source, t.hf, o.count, o.count == 1 ? " is" : "s are", range, values[size_t(o.first)], o.first,
+        instead)));
+}
+
 void pad(std::ostream& os, uint64_t written) {
   static const char zeros[kAlignment] = {};
   if (const uint64_t r = written % kAlignment) os.write(zeros, std::streamsize(kAlignment - r));
@@ -407,16 +434,7 @@ int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExpor
     for (const OutTensor& t : tensors) {
       std::vector<float> values = t.hf.empty() ? t.own : src.read_f32(t.hf).data;
       if (t.permute_heads) values = permute_qk_rows(values.data(), t.shape[0], t.shape[1], t.permute_heads);
-      const DType narrow = t.type == GgmlType::F16    ? DType::f16
-                           : t.type == GgmlType::BF16 ? DType::bf16
-                                                      : DType::f32;
-      if (const Overflows o = narrowing_overflows(values.data(), t.numel(), narrow); o.count)
-        throw std::runtime_error(one_line(fmt::format(
-            "{}: tensor '{}': {} value{} beyond {}'s range (the first, {}, at element {}) would be written "
-            "as "
-            "infinity; export with --type {} instead",
-            src.header().source, t.hf, o.count, o.count == 1 ? " is" : "s are", dtype_name(narrow),
-            values[size_t(o.first)], o.first, narrow == DType::f16 ? "bf16" : "q8_0")));
+      check_range(values, t, src.header().source);
       buf.resize(t.nbytes);
       quantize_weights(format_of(t.type), values.data(), buf.data(), t.numel());
       write(buf);

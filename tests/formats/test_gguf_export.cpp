@@ -302,6 +302,37 @@ TEST(GgufExport, RefusesWhatItWouldReplaceAtALoss) {
 }
 
 /// The first of $RP_GGUF_PYTHON, $RP_PYTHON and python3 that imports Python's gguf package, else "".
+// A weight the chosen type would write as infinity (f16 beyond 65504; q8_0 when a block's f16
+// scale, its largest |x| / 127, overflows) is refused naming the tensor, nothing written; a type
+// that holds it exports.
+TEST(GgufExport, RefusesWeightsItsTypeWouldWriteAsInfinity) {
+  TempDir d("gguf_export_range");
+  write_tiny_model(d / "hf", "qwen3", true, 5);
+  LoadedModel m = load_model(d / "hf");
+  const ModelLayout layout = make_layout(m.config);
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  m.tensors.at(name).data[3] = 5e6f;  // f16 overflows; q8_0's scale 5e6 / 127 does not
+  std::vector<std::vector<float>> groups;
+  fill_groups(m, layout, groups);
+  std::vector<const float*> ptrs;
+  for (const auto& g : groups) ptrs.push_back(g.data());
+  save_hf_checkpoint(d / "big", layout, ptrs, m.tokenizer_json, m.chat_template, DType::f32);
+  const std::string e = error_of([&] { export_gguf(d / "big", d / "h.gguf", GgufExportType::f16, false); });
+  EXPECT_NE(e.find("tensor '" + name + "': 1 value is beyond f16's range (the first, 5000000, at element 3)"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(d / "h.gguf"));
+  export_gguf(d / "big", d / "q.gguf", GgufExportType::q8_0, false);
+  export_gguf(d / "big", d / "b.gguf", GgufExportType::bf16, false);
+  m.tensors.at(name).data[3] = 1e9f;  // q8_0's scale overflows too
+  fill_groups(m, layout, groups);
+  save_hf_checkpoint(d / "big", layout, ptrs, m.tokenizer_json, m.chat_template, DType::f32);
+  const std::string q = error_of([&] { export_gguf(d / "big", d / "q2.gguf", GgufExportType::q8_0, false); });
+  EXPECT_NE(q.find("beyond q8_0's range"), std::string::npos) << q;
+  EXPECT_FALSE(fs::exists(d / "q2.gguf"));
+  export_gguf(d / "big", d / "b2.gguf", GgufExportType::bf16, false);
+}
+
 std::string gguf_python() {
   for (const char* var : {"RP_GGUF_PYTHON", "RP_PYTHON", ""}) {
     const char* env = *var ? std::getenv(var) : nullptr;
