@@ -9,6 +9,7 @@
 #include "cli/command.hpp"
 #include "cli/signal_exit.hpp"
 #include "formats/gguf_export.hpp"
+#include "roundpipe/checkpoint.hpp"
 
 namespace rp {
 
@@ -36,6 +37,8 @@ void add_export_gguf_command(CLI::App& app) {
               "replace OUTPUT when it is a GGUF file export-gguf wrote (any other file is never replaced)");
   c->callback(reporting_errors([o] {
     const ExitOnStopSignals interrupted;  // a stop signal takes back the half-written output
+    // what a killed earlier export to the same file left (OUT.tmp-<pid> with its owner marker)
+    for (const std::string& line : clean_model_folder_leftovers(o->out)) fmt::print("{}\n", line);
     const int64_t n = export_gguf(o->in, o->out, parse_gguf_export_type(o->type), o->force, o->base);
     fmt::print("wrote {} ({} tensors, {})\n", o->out, n, o->type);
   }));

@@ -32,6 +32,25 @@ TEST(CliExportGguf, WritesAGgufAndReplacesOnlyItsOwnWithForce) {
   fs::remove_all(d);
 }
 
+// What a killed export left (OUT.tmp-<pid> and its owner marker, the writer gone) is removed by
+// the next export to the same file and said so; a look-alike nobody marked is left alone.
+TEST(CliExportGguf, AKilledExportsLeftoverIsCleanedByTheNextOne) {
+  auto d = tmpdir();
+  const fs::path model = tiny_model(d);
+  write(d / "m.gguf.tmp-999999999", "half");
+  mark(d / "m.gguf.tmp-999999999", "tmp", "m.gguf", "999999999");
+  write(d / "m.gguf.tmp-999999998", "mine");
+  const CliRun r = roundpipe("export-gguf " + model.string() + " " + (d / "m.gguf").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("removed " + (d / "m.gguf.tmp-999999999").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("left alone " + (d / "m.gguf.tmp-999999998").string()), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d / "m.gguf.tmp-999999999"));
+  EXPECT_FALSE(fs::exists(d / "m.gguf.tmp-999999999.roundpipe-owner"));
+  EXPECT_EQ(slurp(d / "m.gguf.tmp-999999998"), "mine");
+  EXPECT_TRUE(fs::exists(d / "m.gguf"));
+  fs::remove_all(d);
+}
+
 // A LoRA run's adapter folder whose base moved away: the error names --base, which export-gguf
 // takes as generate and merge do, and the export then equals the one from the base's old place.
 TEST(CliExportGguf, AnAdapterWhoseBaseMovedTakesItFromBase) {
