@@ -90,12 +90,12 @@ uint16_t f32_to_f16(float f) {
 Overflows narrowing_overflows(const float* x, int64_t n, DType t) {
   Overflows o;
   if (t != DType::f16 && t != DType::bf16) return o;
+  // the least magnitude that rounds to infinity (half a step above the largest finite value;
+  // the tie rounds up, as that value's last bit is odd): f16 65504 + 16, bf16 0x1.fep127 + 2^119
+  const float lowest = t == DType::f16 ? 65520.0f : 0x1.ffp127f;
   for (int64_t i = 0; i < n; ++i) {
     const float a = std::fabs(x[i]);
-    const bool over = t == DType::f16 ? a >= 65520.0f && a <= FLT_MAX
-                                      : a <= FLT_MAX && (f32_to_bf16(a) & 0x7fffu) == 0x7f80u;
-    if (!over) continue;
-    if (o.count++ == 0) o.first = i;
+    if (a >= lowest && a <= FLT_MAX && o.count++ == 0) o.first = i;
   }
   return o;
 }
