@@ -4,9 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -87,17 +90,59 @@ std::string read_opened(const std::string& path, std::string_view expected, std:
 
 }  // namespace
 
-void check_mapped_file_holds(int fd, uint64_t end, uint64_t size_when_opened, const std::string& path,
-                             const std::string& what) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0)
-    throw std::runtime_error(
-        fmt::format("{}: {}: cannot check the file ({})", path, what, std::strerror(errno)));
-  if (uint64_t(st.st_size) < end)
-    throw std::runtime_error(
-        fmt::format("{}: {}: the file is now {} bytes, shorter than the {} it had when opened (it changed "
-                    "while being read)",
-                    path, what, uint64_t(st.st_size), size_when_opened));
+PositionalFile::PositionalFile(int fd, uint64_t size, std::string path)
+    : fd_(fd), size_(size), path_(std::move(path)) {}
+
+PositionalFile::~PositionalFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+PositionalFile::PositionalFile(PositionalFile&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), size_(o.size_), path_(std::move(o.path_)) {}
+
+PositionalFile& PositionalFile::operator=(PositionalFile&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+    size_ = o.size_;
+    path_ = std::move(o.path_);
+  }
+  return *this;
+}
+
+void PositionalFile::read(uint64_t offset, uint64_t n, void* dst, std::string_view what) const {
+  auto* out = static_cast<uint8_t*>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    // at most 1 GiB a call: Linux moves no more than ~2 GiB per read
+    const size_t ask = size_t(std::min<uint64_t>(n - done, uint64_t(1) << 30));
+    const ssize_t got = ::pread(fd_, out + done, ask, off_t(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      throw std::runtime_error(fmt::format("{}: {}: cannot read ({})", path_, what, std::strerror(errno)));
+    if (got == 0) {  // end of file before the bytes the header promised: the file shrank
+      struct stat st {};
+      const uint64_t now = ::fstat(fd_, &st) == 0 ? uint64_t(st.st_size) : offset + done;
+      throw std::runtime_error(
+          fmt::format("{}: {}: the file is now {} bytes, shorter than the {} it had when opened (it changed "
+                      "while being read)",
+                      path_, what, now, size_));
+    }
+    done += uint64_t(got);
+  }
+}
+
+void PositionalFile::read_chunks(uint64_t offset, uint64_t n, uint64_t unit, std::string_view what,
+                                 const std::function<void(const uint8_t*, uint64_t, uint64_t)>& fn) const {
+  if (unit == 0 || n % unit != 0)
+    throw std::logic_error(fmt::format("{}: {}: {} bytes are not whole {}-byte units", path_, what, n, unit));
+  const uint64_t per = std::max<uint64_t>(1, (uint64_t(8) << 20) / unit);  // units a piece
+  std::vector<uint8_t> buf(size_t(std::min(n / unit, per) * unit));
+  for (uint64_t u = 0; u < n / unit; u += per) {
+    const uint64_t k = std::min(per, n / unit - u);
+    read(offset + u * unit, k * unit, buf.data(), what);
+    fn(buf.data(), u, k);
+  }
 }
 
 }  // namespace rp

@@ -2,9 +2,11 @@
 // folder's JSON files) whole, without waiting forever on it: a device (/dev/zero never ends), a
 // socket and a named pipe that no program writes to (its open waited for a writer forever) are
 // refused with one line before anything is read. A pipe that has a writer (a shell's <(...),
-// /dev/stdin fed by a pipe) is read as its writer sends it.
+// /dev/stdin fed by a pipe) is read as its writer sends it. A model file is read in pieces at
+// offsets (PositionalFile), so a file that changes under the reader gives an error, not SIGBUS.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -21,13 +23,39 @@ namespace rp {
 std::string read_input_file(const std::string& path, std::string_view expected,
                             std::string_view opening = "");
 
-/// Before reading bytes [0, end) of a memory-mapped file through its mapping: throws
-/// std::runtime_error("<path>: <what>: the file is now N bytes, shorter than the M it had when
-/// opened (it changed while being read)") when the open file `fd` no longer holds them (a read
-/// of the mapping past the end of a file that shrank dies of SIGBUS), or
-/// "<path>: <what>: cannot check the file (<reason>)" when fstat fails.
-void check_mapped_file_holds(int fd, uint64_t end, uint64_t size_when_opened, const std::string& path,
-                             const std::string& what);
+/// A regular file read at byte offsets with pread, never through a memory mapping: a file that
+/// another program shrinks while it is read, or a disk that fails (EIO), gives a one-line error
+/// where a read of a mapping dies of SIGBUS. Holds the descriptor it is given (closed with it);
+/// reads of one object from several threads at once are safe (pread keeps no file position).
+class PositionalFile {
+ public:
+  PositionalFile() = default;
+  /// Takes `fd` (open for reading); `size` is the file's size when it was opened.
+  PositionalFile(int fd, uint64_t size, std::string path);
+  ~PositionalFile();
+  PositionalFile(PositionalFile&& o) noexcept;
+  PositionalFile& operator=(PositionalFile&& o) noexcept;
+  PositionalFile(const PositionalFile&) = delete;
+  PositionalFile& operator=(const PositionalFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }  ///< bytes, when opened
+
+  /// Bytes [offset, offset + n) into `dst`. Throws std::runtime_error naming the file and `what`
+  /// (" tensor 'x'"): "<path>: <what>: the file is now N bytes, shorter than the M it had when
+  /// opened (it changed while being read)", or "<path>: <what>: cannot read (<reason>)".
+  void read(uint64_t offset, uint64_t n, void* dst, std::string_view what) const;
+  /// read() over [offset, offset + n) in pieces of at most about 8 MiB that hold whole `unit`-byte
+  /// units (n a multiple of `unit`), each handed to fn(bytes, first_unit, units) in order, so a
+  /// large tensor is decoded without holding its stored bytes whole.
+  void read_chunks(uint64_t offset, uint64_t n, uint64_t unit, std::string_view what,
+                   const std::function<void(const uint8_t*, uint64_t, uint64_t)>& fn) const;
+
+ private:
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string path_;
+};
 
 /// What a std::bad_alloc while reading `where` (a file, or a file:line) means, as every reader
 /// says it: "<where>: cannot read (<bytes> bytes do not fit in memory)", or "<where>: cannot read

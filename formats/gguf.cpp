@@ -2,7 +2,6 @@
 #include "model/error_text.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "base/input_file.hpp"
+#include "formats/parallel_quantize.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/weight_format.hpp"
 
@@ -269,33 +269,42 @@ enum GgufValueType : uint32_t {
   T_F64 = 12,
 };
 
-/// Bounds-checked little-endian cursor over the mapping.
+/// Bounds-checked little-endian cursor over the file's header, read from the file a window
+/// (at least 1 MiB) at a time.
 struct Reader {
-  const uint8_t* p;
+  const PositionalFile& file;
   uint64_t size, pos = 0;
   const std::string& path;
   uint32_t version;
+  std::vector<uint8_t> window;  ///< bytes [base, base + window.size()) of the file
+  uint64_t base = 0;
 
   [[noreturn]] void fail(const std::string& what) const {
     throw std::runtime_error(one_line(fmt::format("{}: {}", path, what)));
   }
-  void need(uint64_t n, const char* what) const {
+  void need(uint64_t n, const char* what) {
     if (n > size - pos)
       fail(fmt::format("truncated file: {} needs {} bytes at offset {}, file has {}", excerpt(what), n, pos,
                        size));
+    if (pos >= base && pos + n <= base + window.size()) return;
+    base = pos;
+    window.resize(size_t(std::min(size - pos, std::max<uint64_t>(n, uint64_t(1) << 20))));
+    file.read(base, window.size(), window.data(), "header");
   }
+  /// The bytes at pos (need() them first).
+  const uint8_t* at() const { return window.data() + (pos - base); }
   template <class T>
   T get(const char* what) {
     need(sizeof(T), what);
     T v;
-    std::memcpy(&v, p + pos, sizeof(T));
+    std::memcpy(&v, at(), sizeof(T));
     pos += sizeof(T);
     return v;
   }
   std::string str(const char* what) {
     uint64_t n = get<uint64_t>(what);
     need(n, what);
-    std::string s(reinterpret_cast<const char*>(p + pos), size_t(n));
+    std::string s(reinterpret_cast<const char*>(at()), size_t(n));
     pos += n;
     return s;
   }
@@ -348,7 +357,7 @@ struct Reader {
 
 GgufFile::GgufFile(const std::string& path) : path_(path) {
   // O_NONBLOCK: a named pipe's open returns at once (without it, one that no program writes to
-  // waited forever) and is refused below; a regular file reads through mmap either way
+  // waited forever) and is refused below; a regular file is read at offsets either way
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   struct stat st {};
@@ -362,17 +371,11 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     throw std::runtime_error(
         fmt::format("{}: truncated file: {} bytes is too small for a GGUF header", path, size_));
   }
-  void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (m == MAP_FAILED) {
-    const int err = errno;
-    ::close(fd);
-    throw std::runtime_error(fmt::format("{}: mmap failed: {}", path, std::strerror(err)));
-  }
-  map_ = static_cast<const uint8_t*>(m);
-  fd_ = fd;  // kept open: a tensor's read first checks the file still holds it
-  try {
-    Reader r{map_, size_, 0, path_, 0};
-    if (std::memcmp(map_, "GGUF", 4) != 0) r.fail("not a GGUF file (bad magic)");
+  file_ = PositionalFile(fd, size_, path_);  // kept open: tensors are read when asked for
+  {  // the reader's window over the header is freed at the end of this block
+    Reader r{file_, size_, 0, path_, 0, {}, 0};
+    r.need(4, "magic");
+    if (std::memcmp(r.at(), "GGUF", 4) != 0) r.fail("not a GGUF file (bad magic)");
     r.pos = 4;
     version_ = r.get<uint32_t>("version");
     if (version_ != 2 && version_ != 3)
@@ -449,18 +452,10 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
                            excerpt(by_offset[i - 1]->name), by_offset[i - 1]->offset,
                            by_offset[i - 1]->offset + by_offset[i - 1]->nbytes, excerpt(by_offset[i]->name),
                            by_offset[i]->offset));
-  } catch (...) {
-    ::munmap(const_cast<uint8_t*>(map_), size_);
-    map_ = nullptr;
-    ::close(fd_);
-    throw;
   }
 }
 
-GgufFile::~GgufFile() {
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
-  if (fd_ >= 0) ::close(fd_);
-}
+GgufFile::~GgufFile() = default;
 
 const nlohmann::json& GgufFile::get(const std::string& key) const {
   auto it = meta_.find(key);
@@ -500,10 +495,34 @@ const GgufTensorInfo* GgufFile::find(const std::string& name) const {
   return nullptr;
 }
 
-const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const {
-  check_mapped_file_holds(fd_, data_offset_ + t.offset + t.nbytes, size_, path_,
-                          fmt::format("tensor '{}'", t.name));
-  return map_ + data_offset_ + t.offset;
+void GgufFile::read_tensor_bytes(const GgufTensorInfo& t, uint64_t at, uint64_t n, void* dst) const {
+  if (at > t.nbytes || n > t.nbytes - at)
+    throw std::logic_error(
+        fmt::format("{}: tensor '{}': bytes {}+{} outside its {}", path_, t.name, at, n, t.nbytes));
+  file_.read(data_offset_ + t.offset + at, n, dst, fmt::format("tensor '{}'", t.name));
+}
+
+std::vector<uint8_t> GgufFile::tensor_bytes(const GgufTensorInfo& t) const {
+  std::vector<uint8_t> b(size_t(t.nbytes));
+  read_tensor_bytes(t, 0, t.nbytes, b.data());
+  return b;
+}
+
+void GgufFile::dequantize_blocks(const GgufTensorInfo& t, int64_t first, int64_t n, float* out) const {
+  check_dequantizable(t);
+  int64_t be = 0, bb = 0;
+  ggml_type_block(t.type, be, bb);
+  if (first < 0 || n < 0 || first % be != 0 || n % be != 0 || first > t.numel() || n > t.numel() - first)
+    throw std::logic_error(fmt::format("{}: tensor '{}': elements {}+{} are not whole blocks of its {}",
+                                       path_, t.name, first, n, t.numel()));
+  file_.read_chunks(data_offset_ + t.offset + uint64_t(first / be) * uint64_t(bb),
+                    uint64_t(n / be) * uint64_t(bb), uint64_t(bb), fmt::format("tensor '{}'", t.name),
+                    [&](const uint8_t* p, uint64_t block, uint64_t blocks) {
+                      for_ranges_parallel(int64_t(blocks), 256, [&](int64_t lo, int64_t hi) {
+                        dequantize_ggml(t.type, p + lo * bb, out + (int64_t(block) + lo) * be,
+                                        (hi - lo) * be);
+                      });
+                    });
 }
 
 void GgufFile::check_dequantizable(const GgufTensorInfo& t) const {
@@ -512,19 +531,10 @@ void GgufFile::check_dequantizable(const GgufTensorInfo& t) const {
         fmt::format("{}: tensor '{}': cannot dequantize type {}", path_, t.name, ggml_type_name(t.type))));
 }
 
-void GgufFile::release(const GgufTensorInfo& t) const {
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t p = uintptr_t(map_ + data_offset_ + t.offset);
-  const uintptr_t lo = p / page * page;
-  const uintptr_t hi = std::min(uintptr_t(map_ + size_), (p + t.nbytes + page - 1) / page * page);
-  if (hi > lo)
-    ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
-}
-
 std::vector<float> GgufFile::dequantize(const GgufTensorInfo& t) const {
   check_dequantizable(t);
   std::vector<float> out(size_t(t.numel()));
-  dequantize_ggml(t.type, tensor_data(t), out.data(), t.numel());
+  dequantize_blocks(t, 0, t.numel(), out.data());
   return out;
 }
 

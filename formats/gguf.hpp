@@ -1,6 +1,8 @@
 // GGUF (llama.cpp's model file format, versions 2 and 3) reader.
 //
-// The file is memory-mapped read-only. Everything is validated when it is opened (magic,
+// The header is read when the file is opened and the tensors when asked for, at their offsets
+// (never through a memory mapping, so a file that shrinks or fails while being read gives an
+// error, not SIGBUS). Everything is validated when it is opened (magic,
 // version, counts, string/array lengths, tensor dims, types, offsets and sizes within the
 // file), so a truncated or corrupt file throws std::runtime_error("<file>: <what>") from the
 // constructor and never crashes later.
@@ -15,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/input_file.hpp"
 #include "model/config.hpp"
 
 namespace rp {
@@ -68,7 +71,7 @@ struct GgufTensorInfo {
 
 class GgufFile {
  public:
-  /// Maps and parses `path`. Throws std::runtime_error("<path>: <what>") on any problem.
+  /// Opens `path` and parses its header. Throws std::runtime_error("<path>: <what>") on any problem.
   explicit GgufFile(const std::string& path);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
@@ -93,23 +96,22 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }      ///< general.alignment, default 32
   uint64_t data_offset() const { return data_offset_; }  ///< bytes from file start
   uint64_t file_size() const { return size_; }
-  /// Raw bytes of tensor `t` (inside the mapping, valid while this object lives). Throws
-  /// std::runtime_error naming the file and tensor when the file no longer holds them (it
-  /// shrank since it was opened: reading the mapping there would die of SIGBUS).
-  const uint8_t* tensor_data(const GgufTensorInfo& t) const;
+  /// Bytes [at, at + n) of tensor `t`'s stored data into `dst`; tensor_bytes: all of them.
+  /// Throw std::runtime_error naming the file and tensor when the file no longer holds them (it
+  /// shrank since it was opened) or cannot be read; std::logic_error for a range outside `t`.
+  void read_tensor_bytes(const GgufTensorInfo& t, uint64_t at, uint64_t n, void* dst) const;
+  std::vector<uint8_t> tensor_bytes(const GgufTensorInfo& t) const;
+  /// Elements [first, first + n) of `t` (whole blocks of its type) dequantized into out[0, n).
+  void dequantize_blocks(const GgufTensorInfo& t, int64_t first, int64_t n, float* out) const;
   /// Tensor `t` as fp32 in row-major order (ne[0] fastest). Throws std::runtime_error naming
   /// the file and tensor for types that cannot be dequantized.
   std::vector<float> dequantize(const GgufTensorInfo& t) const;
   /// Throws dequantize()'s error when `t`'s type cannot be dequantized.
   void check_dequantizable(const GgufTensorInfo& t) const;
-  /// Drops the mapped pages of `t` from this process's resident set (the page cache keeps
-  /// them), so reading a model tensor by tensor does not leave the file counted in its memory.
-  void release(const GgufTensorInfo& t) const;
 
  private:
   std::string path_;
-  const uint8_t* map_ = nullptr;
-  int fd_ = -1;
+  PositionalFile file_;
   uint64_t size_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

@@ -29,31 +29,16 @@ namespace {
 constexpr float kFp4[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-/// Element i of `e` as fp32 (the dtypes SafetensorsFile::read_f32 reads).
-float element(const SafetensorsFile& f, const SafetensorsEntry& e, int64_t i) {
-  const uint8_t* p = f.data(e);
-  if (e.dtype == "U8") return float(p[i]);
-  if (e.dtype == "F32") {
-    float v;
-    std::memcpy(&v, p + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, p + 2 * i, 2);
-  if (e.dtype == "BF16") return bf16_to_f32(h);
-  if (e.dtype == "F16") return f16_to_f32(h);
-  format_fail(f.path(), fmt::format("tensor '{}': dtype {} cannot be read as floats", e.name, e.dtype));
-}
-
 /// `n` elements of `e` from element `at` as bytes: U8 as stored, other dtypes holding the
 /// byte values 0..255 (a checkpoint re-saved in floats) converted; anything else throws.
 void bytes_of(const SafetensorsFile& f, const SafetensorsEntry& e, int64_t at, int64_t n, uint8_t* out) {
   if (e.dtype == "U8") {
-    std::memcpy(out, f.data(e) + at, size_t(n));
+    f.read_bytes(e, uint64_t(at), uint64_t(n), out);
     return;
   }
+  const std::vector<float> vals = f.read_f32_range(e, at, n);
   for (int64_t i = 0; i < n; ++i) {
-    const float v = element(f, e, at + i);
+    const float v = vals[size_t(i)];
     if (!(v >= 0 && v <= 255) || v != std::floor(v))
       format_fail(f.path(), fmt::format("tensor '{}': expected bytes (U8), found {}", e.name, v));
     out[i] = uint8_t(v);
@@ -62,6 +47,21 @@ void bytes_of(const SafetensorsFile& f, const SafetensorsEntry& e, int64_t at, i
 
 /// Layout row o of slice `s` is row `hf_row(o)` of the expert's stacked [out, ...] tensor.
 int64_t hf_row(const OssSlice& s, int64_t o) { return s.part == 2 ? o : 2 * o + s.part; }
+
+/// All out_hf rows of expert o.expert in an MXFP4 stack (both halves of a fused gate/up), read
+/// at once: blocks [out_hf, G * 16] and scales [out_hf, G].
+struct Mxfp4Rows {
+  std::vector<uint8_t> blocks, scales;
+};
+
+Mxfp4Rows expert_rows(const OssSlice& o, int64_t out_hf, int64_t G) {
+  Mxfp4Rows x;
+  x.blocks.resize(size_t(out_hf * G * 16));
+  x.scales.resize(size_t(out_hf * G));
+  bytes_of(*o.file, *o.data, o.expert * out_hf * G * 16, out_hf * G * 16, x.blocks.data());
+  bytes_of(*o.scales_file, *o.scales, o.expert * out_hf * G, out_hf * G, x.scales.data());
+  return x;
+}
 
 /// The checkpoint's stacked tensor `name` with the expected shape, or a one-line error.
 const SafetensorsSet::Where& stacked(const ModelSource::Impl& s, const std::string& name,
@@ -151,44 +151,36 @@ std::vector<float> gpt_oss_read_f32(const OssSlice& o, const std::vector<int64_t
   std::vector<float> w(size_t(out * in));
   if (o.scales) {  // MXFP4: rows of in/32 blocks of 16 bytes, one scale each
     const int64_t G = in / 32;
-    std::vector<uint8_t> blocks(static_cast<size_t>(G * 16)), scales(static_cast<size_t>(G));
+    const Mxfp4Rows x = expert_rows(o, out_hf, G);
     for (int64_t r = 0; r < out; ++r) {
-      const int64_t row = o.expert * out_hf + hf_row(o, r);
-      bytes_of(*o.file, *o.data, row * G * 16, G * 16, blocks.data());
-      bytes_of(*o.scales_file, *o.scales, row * G, G, scales.data());
+      const uint8_t* blocks = x.blocks.data() + hf_row(o, r) * G * 16;
+      const uint8_t* scales = x.scales.data() + hf_row(o, r) * G;
       float* y = w.data() + r * in;
       for (int64_t g = 0; g < G; ++g) {
-        const int exponent = int(scales[size_t(g)]) - 127;
+        const int exponent = int(scales[g]) - 127;
         for (int64_t b = 0; b < 16; ++b) {
-          const unsigned v = blocks[size_t(g * 16 + b)];
+          const unsigned v = blocks[g * 16 + b];
           y[g * 32 + 2 * b] = std::ldexp(kFp4[v & 15u], exponent);
           y[g * 32 + 2 * b + 1] = std::ldexp(kFp4[v >> 4], exponent);
         }
       }
     }
-    o.scales_file->release(*o.scales);
   } else {  // HF's x @ W: the stack is [E, in, out_hf], the layout's [out, in] its transpose
+    const std::vector<float> x = o.file->read_f32_range(*o.data, o.expert * in * out_hf, in * out_hf);
     for (int64_t i = 0; i < in; ++i)
-      for (int64_t r = 0; r < out; ++r)
-        w[size_t(r * in + i)] = element(*o.file, *o.data, (o.expert * in + i) * out_hf + hf_row(o, r));
+      for (int64_t r = 0; r < out; ++r) w[size_t(r * in + i)] = x[size_t(i * out_hf + hf_row(o, r))];
   }
-  o.file->release(*o.data);
   return w;
 }
 
 bool gpt_oss_read_stored(const OssSlice& o, const std::vector<int64_t>& shape, WeightFormat fmt, void* dst) {
   if (fmt != WeightFormat::mxfp4 || !o.scales || shape.size() != 2) return false;
   const int64_t out = shape[0], G = shape[1] / 32, out_hf = o.part == 2 ? out : 2 * out;
-  std::vector<uint8_t> blocks(static_cast<size_t>(G * 16)), scales(static_cast<size_t>(G));
+  const Mxfp4Rows x = expert_rows(o, out_hf, G);
   uint8_t* q = static_cast<uint8_t*>(dst);
-  for (int64_t r = 0; r < out; ++r) {
-    const int64_t row = o.expert * out_hf + hf_row(o, r);
-    bytes_of(*o.file, *o.data, row * G * 16, G * 16, blocks.data());
-    bytes_of(*o.scales_file, *o.scales, row * G, G, scales.data());
-    mxfp4_from_hf(blocks.data(), scales.data(), 1, G, q + size_t(r * G) * 17);
-  }
-  o.file->release(*o.data);
-  o.scales_file->release(*o.scales);
+  for (int64_t r = 0; r < out; ++r)
+    mxfp4_from_hf(x.blocks.data() + hf_row(o, r) * G * 16, x.scales.data() + hf_row(o, r) * G, 1, G,
+                  q + size_t(r * G) * 17);
   return true;
 }
 

@@ -61,9 +61,7 @@ HostTensor read_loc(const ModelSource::Impl& s, const Loc& l) {
     return t;
   }
   if (l.st) {
-    HostTensor t = l.st->read_f32(*l.entry);
-    l.st->release(*l.entry);
-    return t;
+    return l.st->read_f32(*l.entry);
   }
   HostTensor t;
   t.shape = l.shape;
@@ -77,11 +75,15 @@ HostTensor read_loc(const ModelSource::Impl& s, const Loc& l) {
 bool same_values(const ModelSource::Impl& s, const Loc& a, const Loc& b) {
   if (a.shape != b.shape) return false;
   if (a.st && b.st && a.entry->dtype == b.entry->dtype) {
-    const bool same =
-        std::memcmp(a.st->data(*a.entry), b.st->data(*b.entry), a.entry->end - a.entry->begin) == 0;
-    a.st->release(*a.entry);
-    b.st->release(*b.entry);
-    return same;
+    const uint64_t n = a.entry->end - a.entry->begin, piece = uint64_t(8) << 20;
+    std::vector<uint8_t> x(size_t(std::min(n, piece))), y(x.size());
+    for (uint64_t at = 0; at < n; at += piece) {
+      const uint64_t k = std::min(piece, n - at);
+      a.st->read_bytes(*a.entry, at, k, x.data());
+      b.st->read_bytes(*b.entry, at, k, y.data());
+      if (std::memcmp(x.data(), y.data(), size_t(k)) != 0) return false;
+    }
+    return true;
   }
   const HostTensor x = read_loc(s, a), y = read_loc(s, b);
   return std::memcmp(x.data.data(), y.data.data(), x.data.size() * sizeof(float)) == 0;
@@ -385,8 +387,7 @@ bool ModelSource::read_as(const std::string& name, WeightFormat f, void* dst) co
   const int64_t cols = weight_format_cols(l.shape);
   const size_t bytes = weight_format_bytes(f, n, cols);  // throws for a bad block multiple
   if (l.st && st_matches(l.entry->dtype, f)) {
-    std::memcpy(dst, l.st->data(*l.entry), bytes);
-    l.st->release(*l.entry);
+    l.st->read_bytes(*l.entry, 0, bytes, dst);
     return true;
   }
   if (l.gguf && gguf_read_stored(*impl_->gguf, l, f, dst)) return true;

@@ -67,13 +67,12 @@ int64_t first_element(const Loc& l) {
   return l.expert * per_expert + l.row0 * cols;
 }
 
-/// The bytes of tensor `l` inside the mapping (an expert's slice of its stack), or nullptr when
-/// the slice does not start and end on block boundaries.
-const uint8_t* bytes_of(const GgufFile& f, const Loc& l, int64_t& block_elems, int64_t& block_bytes) {
-  if (!ggml_type_block(l.gguf->type, block_elems, block_bytes)) return nullptr;
-  const int64_t first = first_element(l);
-  if (first % block_elems != 0 || numel_of(l.shape) % block_elems != 0) return nullptr;
-  return f.tensor_data(*l.gguf) + size_t(first / block_elems) * size_t(block_bytes);
+/// True when slice `l` of its GGUF tensor (an expert's slice of its stack) starts and ends on
+/// block boundaries of its type: `first` its first element, `be`/`bb` the type's block.
+bool whole_blocks(const Loc& l, int64_t& first, int64_t& be, int64_t& bb) {
+  if (!ggml_type_block(l.gguf->type, be, bb)) return false;
+  first = first_element(l);
+  return first % be == 0 && numel_of(l.shape) % be == 0;
 }
 }  // namespace
 
@@ -112,19 +111,17 @@ void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
 
 std::vector<float> gguf_read_f32(const GgufFile& f, const Loc& l) {
   std::vector<float> out;
-  int64_t be = 0, bb = 0;
+  int64_t first = 0, be = 0, bb = 0;
   if (l.expert < 0) {
     out = f.dequantize(*l.gguf);
-  } else if (const uint8_t* p = bytes_of(f, l, be, bb)) {  // this expert's blocks alone
-    f.check_dequantizable(*l.gguf);
+  } else if (whole_blocks(l, first, be, bb)) {  // this expert's blocks alone
     out.resize(size_t(numel_of(l.shape)));
-    dequantize_ggml(l.gguf->type, p, out.data(), int64_t(out.size()));
+    f.dequantize_blocks(*l.gguf, first, int64_t(out.size()), out.data());
   } else {  // the slice splits a block: the whole stack, then the slice
     const std::vector<float> all = f.dequantize(*l.gguf);
-    const ptrdiff_t first = ptrdiff_t(first_element(l)), n = ptrdiff_t(numel_of(l.shape));
-    out.assign(all.begin() + first, all.begin() + first + n);
+    const ptrdiff_t n = ptrdiff_t(numel_of(l.shape));
+    out.assign(all.begin() + ptrdiff_t(first_element(l)), all.begin() + ptrdiff_t(first_element(l)) + n);
   }
-  f.release(*l.gguf);
   if (l.permute_heads) unpermute_qk_rows(out.data(), l.shape[0], l.shape[1], l.permute_heads);
   return out;
 }
@@ -138,15 +135,12 @@ bool gguf_read_stored(const GgufFile& f, const Loc& l, WeightFormat fmt, void* d
                     (t == GgmlType::Q4_0 && fmt == WeightFormat::q4_0) ||
                     (t == GgmlType::MXFP4 && fmt == WeightFormat::mxfp4);
   if (!same) return false;
-  int64_t be = 0, bb = 0;
-  const uint8_t* p = bytes_of(f, l, be, bb);
+  int64_t first = 0, be = 0, bb = 0;
+  if (!whole_blocks(l, first, be, bb)) return false;
   const int64_t n = numel_of(l.shape);
-  if (!p || n % be != 0) return false;
   const int64_t cols = l.shape.size() == 2 ? l.shape[1] : n;
   if (l.permute_heads && cols % be != 0) return false;  // a row is not a whole number of blocks
-  const size_t bytes = size_t(n / be) * size_t(bb);
-  std::memcpy(dst, p, bytes);
-  f.release(*l.gguf);
+  f.read_tensor_bytes(*l.gguf, uint64_t(first / be) * uint64_t(bb), uint64_t(n / be) * uint64_t(bb), dst);
   if (l.permute_heads)
     unpermute_qk_row_bytes(static_cast<uint8_t*>(dst), l.shape[0], size_t(cols / be) * size_t(bb),
                            l.permute_heads);

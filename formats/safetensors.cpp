@@ -7,7 +7,6 @@
 #include "model/error_text.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -59,7 +58,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     throw std::runtime_error(one_line(fmt::format("{}: {}", path_, what)));
   };
   // O_NONBLOCK: a named pipe's open returns at once (without it, one that no program writes to
-  // waited forever) and is refused below; a regular file reads through mmap either way
+  // waited forever) and is refused below; a regular file is read at offsets either way
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(fmt::format("cannot open: {}", std::strerror(errno)));
   struct stat st {};
@@ -73,92 +72,77 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::close(fd);
     fail(fmt::format("truncated file: {} bytes, a safetensors header needs at least 8", size_));
   }
-  void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (m == MAP_FAILED) {
-    const int err = errno;
-    ::close(fd);
-    fail(fmt::format("mmap failed: {}", std::strerror(err)));
-  }
-  map_ = static_cast<const uint8_t*>(m);
-  fd_ = fd;  // kept open: a tensor's read first checks the file still holds it
+  file_ = PositionalFile(fd, size_, path_);  // kept open: tensors are read when asked for
+  uint64_t n;
+  file_.read(0, 8, &n, "header length");
+  if (n > size_ - 8)
+    fail(fmt::format("truncated file: header of {} bytes does not fit in {} bytes", n, size_));
+  if (n > (uint64_t(100) << 20)) fail(fmt::format("header of {} bytes is too large", n));
+  std::string text(size_t(n), '\0');
+  file_.read(8, n, text.data(), "header");
+  data_start_ = 8 + n;
+  const uint64_t data_size = size_ - data_start_;
+  json h;
   try {
-    uint64_t n;
-    std::memcpy(&n, map_, 8);
-    if (n > size_ - 8)
-      fail(fmt::format("truncated file: header of {} bytes does not fit in {} bytes", n, size_));
-    if (n > (uint64_t(100) << 20)) fail(fmt::format("header of {} bytes is too large", n));
-    data_start_ = 8 + n;
-    const uint64_t data_size = size_ - data_start_;
-    json h;
-    try {
-      h = json::parse(reinterpret_cast<const char*>(map_ + 8), reinterpret_cast<const char*>(map_ + 8 + n));
-    } catch (const json::exception& e) {
-      fail(fmt::format("corrupt header: invalid JSON ({})", json_error_reason(e)));
-    }
-    if (!h.is_object()) fail("corrupt header: not a JSON object");
-    metadata_ = json::object();
-    for (auto it = h.begin(); it != h.end(); ++it) {
-      const std::string& name = it.key();
-      const json& v = it.value();
-      if (name == "__metadata__") {
-        if (!v.is_object()) fail("corrupt header: __metadata__ is not an object");
-        metadata_ = v;
-        continue;
-      }
-      auto bad = [&](const std::string& what) { fail(fmt::format("tensor '{}': {}", excerpt(name), what)); };
-      if (!v.is_object()) bad("header entry is not an object");
-      SafetensorsEntry e;
-      e.name = name;
-      auto dt = v.find("dtype");
-      if (dt == v.end() || !dt->is_string()) bad("missing dtype");
-      e.dtype = dt->get<std::string>();
-      const uint64_t es = st_dtype_size(e.dtype);
-      if (es == 0) bad(fmt::format("unknown dtype '{}'", excerpt(e.dtype)));
-      auto sh = v.find("shape");
-      if (sh == v.end() || !sh->is_array()) bad("missing shape");
-      uint64_t numel = 1;
-      for (const auto& d : *sh) {
-        if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
-          bad(fmt::format("invalid shape {}", excerpt(sh->dump())));
-        e.shape.push_back(d.get<int64_t>());
-        if (d.get<uint64_t>() != 0 && numel > (uint64_t(1) << 50) / d.get<uint64_t>())
-          bad(fmt::format("shape {} is too large", excerpt(sh->dump())));
-        numel *= d.get<uint64_t>();
-      }
-      auto off = v.find("data_offsets");
-      if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-          !(*off)[1].is_number_unsigned())
-        bad("missing or invalid data_offsets");
-      e.begin = (*off)[0].get<uint64_t>();
-      e.end = (*off)[1].get<uint64_t>();
-      if (e.begin > e.end) bad(fmt::format("data_offsets [{}, {}] are reversed", e.begin, e.end));
-      if (e.end - e.begin != numel * es)
-        bad(fmt::format("data_offsets [{}, {}] hold {} bytes, shape {} of {} needs {}", e.begin, e.end,
-                        e.end - e.begin, excerpt(sh->dump()), e.dtype, numel * es));
-      if (e.end > data_size)
-        fail(fmt::format("truncated file: tensor '{}' ends at data offset {}, only {} data bytes",
-                         excerpt(name), e.end, data_size));
-      entries_.push_back(std::move(e));
-    }
-    std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
-      return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
-    });
-    for (size_t i = 1; i < entries_.size(); ++i)
-      if (entries_[i].begin < entries_[i - 1].end)
-        fail(fmt::format("corrupt header: tensors '{}' and '{}' overlap", excerpt(entries_[i - 1].name),
-                         excerpt(entries_[i].name)));
-  } catch (...) {
-    ::munmap(const_cast<uint8_t*>(map_), size_);
-    ::close(fd_);
-    map_ = nullptr;
-    throw;
+    h = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(fmt::format("corrupt header: invalid JSON ({})", json_error_reason(e)));
   }
+  if (!h.is_object()) fail("corrupt header: not a JSON object");
+  metadata_ = json::object();
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail("corrupt header: __metadata__ is not an object");
+      metadata_ = v;
+      continue;
+    }
+    auto bad = [&](const std::string& what) { fail(fmt::format("tensor '{}': {}", excerpt(name), what)); };
+    if (!v.is_object()) bad("header entry is not an object");
+    SafetensorsEntry e;
+    e.name = name;
+    auto dt = v.find("dtype");
+    if (dt == v.end() || !dt->is_string()) bad("missing dtype");
+    e.dtype = dt->get<std::string>();
+    const uint64_t es = st_dtype_size(e.dtype);
+    if (es == 0) bad(fmt::format("unknown dtype '{}'", excerpt(e.dtype)));
+    auto sh = v.find("shape");
+    if (sh == v.end() || !sh->is_array()) bad("missing shape");
+    uint64_t numel = 1;
+    for (const auto& d : *sh) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
+        bad(fmt::format("invalid shape {}", excerpt(sh->dump())));
+      e.shape.push_back(d.get<int64_t>());
+      if (d.get<uint64_t>() != 0 && numel > (uint64_t(1) << 50) / d.get<uint64_t>())
+        bad(fmt::format("shape {} is too large", excerpt(sh->dump())));
+      numel *= d.get<uint64_t>();
+    }
+    auto off = v.find("data_offsets");
+    if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+        !(*off)[1].is_number_unsigned())
+      bad("missing or invalid data_offsets");
+    e.begin = (*off)[0].get<uint64_t>();
+    e.end = (*off)[1].get<uint64_t>();
+    if (e.begin > e.end) bad(fmt::format("data_offsets [{}, {}] are reversed", e.begin, e.end));
+    if (e.end - e.begin != numel * es)
+      bad(fmt::format("data_offsets [{}, {}] hold {} bytes, shape {} of {} needs {}", e.begin, e.end,
+                      e.end - e.begin, excerpt(sh->dump()), e.dtype, numel * es));
+    if (e.end > data_size)
+      fail(fmt::format("truncated file: tensor '{}' ends at data offset {}, only {} data bytes",
+                       excerpt(name), e.end, data_size));
+    entries_.push_back(std::move(e));
+  }
+  std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+  });
+  for (size_t i = 1; i < entries_.size(); ++i)
+    if (entries_[i].begin < entries_[i - 1].end)
+      fail(fmt::format("corrupt header: tensors '{}' and '{}' overlap", excerpt(entries_[i - 1].name),
+                       excerpt(entries_[i].name)));
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   for (const auto& e : entries_)
@@ -166,9 +150,11 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const {
-  check_mapped_file_holds(fd_, data_start_ + e.end, size_, path_, fmt::format("tensor '{}'", e.name));
-  return map_ + data_start_ + e.begin;
+void SafetensorsFile::read_bytes(const SafetensorsEntry& e, uint64_t at, uint64_t n, void* dst) const {
+  if (at > e.end - e.begin || n > e.end - e.begin - at)
+    throw std::logic_error(
+        fmt::format("{}: tensor '{}': bytes {}+{} outside its {}", path_, e.name, at, n, e.end - e.begin));
+  file_.read(data_start_ + e.begin + at, n, dst, fmt::format("tensor '{}'", e.name));
 }
 
 void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
@@ -177,41 +163,47 @@ void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
   read_f32(empty);
 }
 
-void SafetensorsFile::release(const SafetensorsEntry& e) const {
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t p = uintptr_t(map_ + data_start_ + e.begin);
-  const uintptr_t lo = p / page * page;
-  const uintptr_t hi = std::min(uintptr_t(map_ + size_), (p + (e.end - e.begin) + page - 1) / page * page);
-  if (hi > lo)
-    ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
-}
-
 HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
   HostTensor t;
   t.shape = e.shape;
-  const size_t n = size_t(e.numel());
-  t.data.resize(n);
-  const uint8_t* p = data(e);
-  if (e.dtype == "F32") {
-    if (n > 0) std::memcpy(t.data.data(), p, n * 4);  // an empty vector's data() may be null
-  } else if (e.dtype == "BF16" || e.dtype == "F16") {
-    const bool bf = e.dtype == "BF16";
-    for_ranges_parallel(int64_t(n), 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        t.data[size_t(i)] = bf ? bf16_to_f32(h) : f16_to_f32(h);
-      }
-    });
-  } else if (e.dtype == "U8") {  // MXFP4 blocks and scales (formats/gpt_oss_hf.hpp): bytes, exact in fp32
-    for (size_t i = 0; i < n; ++i) t.data[i] = float(p[i]);
-  } else {
+  t.data = read_f32_range(e, 0, e.numel());
+  return t;
+}
+
+std::vector<float> SafetensorsFile::read_f32_range(const SafetensorsEntry& e, int64_t first,
+                                                   int64_t n) const {
+  const bool f32 = e.dtype == "F32", half = e.dtype == "BF16" || e.dtype == "F16", u8 = e.dtype == "U8";
+  if (!f32 && !half && !u8)
     throw std::runtime_error(
         fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
                     "F16, BF16, U8 only)",
                     path_, e.name, e.dtype));
+  if (first < 0 || n < 0 || first > e.numel() || n > e.numel() - first)
+    throw std::logic_error(
+        fmt::format("{}: tensor '{}': elements {}+{} outside its {}", path_, e.name, first, n, e.numel()));
+  std::vector<float> out(static_cast<size_t>(n));
+  const uint64_t es = f32 ? 4 : half ? 2 : 1;
+  if (f32) {
+    if (n > 0) read_bytes(e, uint64_t(first) * 4, uint64_t(n) * 4, out.data());
+    return out;
   }
-  return t;
+  const bool bf = e.dtype == "BF16";
+  file_.read_chunks(data_start_ + e.begin + uint64_t(first) * es, uint64_t(n) * es, es,
+                    fmt::format("tensor '{}'", e.name), [&](const uint8_t* p, uint64_t at, uint64_t k) {
+                      float* y = out.data() + at;
+                      if (u8) {  // MXFP4 blocks and scales (formats/gpt_oss_hf.hpp): bytes, exact in fp32
+                        for (uint64_t i = 0; i < k; ++i) y[i] = float(p[i]);
+                        return;
+                      }
+                      for_ranges_parallel(int64_t(k), 1, [&](int64_t lo, int64_t hi) {
+                        for (int64_t i = lo; i < hi; ++i) {
+                          uint16_t h;
+                          std::memcpy(&h, p + 2 * i, 2);
+                          y[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+                        }
+                      });
+                    });
+  return out;
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// safetensors reading (mmap; single files and sharded checkpoints) and writing.
+// safetensors reading (at offsets, tensor by tensor; single files and sharded checkpoints) and writing.
 //
 // File format: u64 little-endian header length N, N bytes of JSON
 //   {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/input_file.hpp"
 #include "kernels/dtype.hpp"
 #include "roundpipe/checkpoint.hpp"  // HostTensor
 
@@ -32,7 +33,8 @@ struct SafetensorsEntry {
 
 class SafetensorsFile {
  public:
-  /// Maps and validates `path`; throws std::runtime_error("<path>: <what>").
+  /// Opens and validates `path` (its header; tensors are read when asked for); throws
+  /// std::runtime_error("<path>: <what>").
   explicit SafetensorsFile(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -43,33 +45,30 @@ class SafetensorsFile {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   /// Throws read_f32's error when `e`'s dtype cannot be read as floats.
   void check_float_dtype(const SafetensorsEntry& e) const;
-  /// Drops the mapped pages of `e` from this process's resident set (the kernel's page cache
-  /// keeps them; a later read maps them again), so reading a model tensor by tensor does not
-  /// leave the whole file counted in the process's memory.
-  void release(const SafetensorsEntry& e) const;
   /// Entry `name` or nullptr.
   const SafetensorsEntry* find(const std::string& name) const;
   /// The "__metadata__" object (string -> string), or an empty object.
   const nlohmann::json& metadata() const { return metadata_; }
-  /// Raw bytes of `e` inside the mapping (valid while this object lives). Throws
-  /// std::runtime_error naming the file and tensor when the file no longer holds them (it
-  /// shrank since it was opened: reading the mapping there would die of SIGBUS).
-  const uint8_t* data(const SafetensorsEntry& e) const;
+  /// Bytes [at, at + n) of `e`'s stored data into `dst`. Throws std::runtime_error naming the file
+  /// and tensor when the file no longer holds them (it shrank since it was opened) or cannot be
+  /// read; std::logic_error for a range outside the tensor.
+  void read_bytes(const SafetensorsEntry& e, uint64_t at, uint64_t n, void* dst) const;
   /// `e` converted to fp32 (F32, F16, BF16; U8 bytes as their values 0..255, for MXFP4
   /// blocks and scales; others throw std::runtime_error naming the file and tensor).
   HostTensor read_f32(const SafetensorsEntry& e) const;
+  /// Elements [first, first + n) of `e` (row-major) as read_f32 converts them.
+  std::vector<float> read_f32_range(const SafetensorsEntry& e, int64_t first, int64_t n) const;
 
  private:
   std::string path_;
-  const uint8_t* map_ = nullptr;
-  int fd_ = -1;
+  PositionalFile file_;
   uint64_t size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;
   nlohmann::json metadata_;
 };
 
-/// The mapped files of a safetensors checkpoint and where each tensor lies, nothing read yet.
+/// The open files of a safetensors checkpoint and where each tensor lies, nothing read yet.
 struct SafetensorsSet {
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   struct Where {

@@ -175,7 +175,8 @@ TEST(IoGgufGptOss, FrozenMxfp4ExpertsAreTheFileBlocks) {
         grp.tensors[size_t(grp.find(fmt::format("model.layers.{}.mlp.experts.3.down_proj.weight", l)))];
     ASSERT_EQ(t.format, WeightFormat::mxfp4);
     const GgufTensorInfo* st = f.find(fmt::format("blk.{}.ffn_down_exps.weight", l));
-    const uint8_t* want = f.tensor_data(*st) + st->nbytes / 4 * 3;
+    const std::vector<uint8_t> stack = f.tensor_bytes(*st);
+    const uint8_t* want = stack.data() + st->nbytes / 4 * 3;
     EXPECT_EQ(std::memcmp(g[size_t(l + 1)].data() + t.byte_offset, want, st->nbytes / 4), 0);
     // from BF16 values (quantized again): the same weights
     std::vector<float> x(size_t(grp.numel)), y(size_t(grp.numel));
@@ -240,8 +241,10 @@ TEST(IoGgufGptOss, Mxfp4DirectFromHfEqualsTheFp32Path) {
       const int64_t e = std::stoll(t.name.substr(layer.size()));
       const auto& bl = *raw.find(layer + "down_proj_blocks");
       const auto& sc = *raw.find(layer + "down_proj_scales");
-      std::vector<uint8_t> want(q.size());
-      mxfp4_from_hf(raw.data(bl) + e * 64 * 16, raw.data(sc) + e * 64, 64, 1, want.data());
+      std::vector<uint8_t> want(q.size()), blocks(64 * 16), scales(64);
+      raw.read_bytes(bl, uint64_t(e) * 64 * 16, blocks.size(), blocks.data());
+      raw.read_bytes(sc, uint64_t(e) * 64, scales.size(), scales.data());
+      mxfp4_from_hf(blocks.data(), scales.data(), 64, 1, want.data());
       EXPECT_EQ(std::memcmp(direct[gi].data() + t.byte_offset, want.data(), want.size()), 0) << t.name;
     }
   }
@@ -260,10 +263,9 @@ std::string rewrite(const test::TempDir& dir, const std::string& name, const std
   }
   for (const auto& t : src.tensors()) {
     if (t.name == drop) continue;
-    const uint8_t* d = src.tensor_data(t);
     auto r = reshape.find(t.name);
     b.tensor(t.name, r != reshape.end() ? r->second : std::vector<uint64_t>(t.ne.begin(), t.ne.end()), t.type,
-             {d, d + t.nbytes});
+             src.tensor_bytes(t));
   }
   const std::string path = dir / name;
   test::write_bytes(path, b.build());
@@ -328,8 +330,7 @@ TEST(IoGgufGptOss, ConfigKeysAndErrors) {
       else if (v.is_number_float()) b.f32(k, v.get<float>());
     }
     for (const auto& t : src.tensors()) {
-      const uint8_t* d = src.tensor_data(t);
-      b.tensor(t.name, {t.ne.begin(), t.ne.end()}, t.type, {d, d + t.nbytes});
+      b.tensor(t.name, {t.ne.begin(), t.ne.end()}, t.type, src.tensor_bytes(t));
     }
     const std::string path = dir / (key + ".gguf");
     test::write_bytes(path, b.build());

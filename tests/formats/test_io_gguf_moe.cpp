@@ -181,8 +181,7 @@ std::string rewrite(const test::TempDir& dir, const std::string& name,
     if (!v.is_null()) put(k, v);
   for (const auto& t : src.tensors()) {
     if (t.name == drop_tensor) continue;
-    const uint8_t* d = src.tensor_data(t);
-    b.tensor(t.name, {t.ne.begin(), t.ne.end()}, t.type, {d, d + t.nbytes});
+    b.tensor(t.name, {t.ne.begin(), t.ne.end()}, t.type, src.tensor_bytes(t));
   }
   const std::string path = dir / name;
   test::write_bytes(path, b.build());

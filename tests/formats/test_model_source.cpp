@@ -456,7 +456,8 @@ TEST(ModelSource, Q8ExpertStacksAreCopiedAsTheirBlocks) {
       const std::string name = prefix + std::to_string(e) + suffix;
       std::vector<uint8_t> got(weight_format_bytes(WeightFormat::q8_0, int64_t(per)));
       EXPECT_TRUE(src.read_as(name, WeightFormat::q8_0, got.data())) << name;
-      const uint8_t* blocks = f.tensor_data(t) + size_t(e) * per_bytes;
+      const std::vector<uint8_t> stack = f.tensor_bytes(t);
+      const uint8_t* blocks = stack.data() + size_t(e) * per_bytes;
       EXPECT_EQ(got, std::vector<uint8_t>(blocks, blocks + per_bytes)) << name;
       const std::vector<float> want(all.begin() + ptrdiff_t(size_t(e) * per),
                                     all.begin() + ptrdiff_t(size_t(e + 1) * per));
