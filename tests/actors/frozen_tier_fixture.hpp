@@ -26,15 +26,20 @@ constexpr int kSteps = 3;
 constexpr double kWaitS = 120;  // a step of this model takes well under a second: more is a hang
 
 struct Scratch {
-  fs::path dir;
+  fs::path root, dir;
   Scratch() {
-    dir = fs::temp_directory_path() /
-          fmt::format("rp_frozen_tier_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->random_seed());
-    dir /= ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    root = fs::temp_directory_path() /
+           fmt::format("rp_frozen_tier_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->random_seed());
+    dir = root / ::testing::UnitTest::GetInstance()->current_test_info()->name();  // "Case/param": 2 levels
     fs::remove_all(dir);
     fs::create_directories(dir);
   }
-  ~Scratch() { fs::remove_all(dir); }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    // the folders above it up to the process's own, each once it is empty (another Scratch's stays)
+    for (fs::path p = dir.parent_path(); fs::remove(p, ec) && !ec && p != root; p = p.parent_path()) {}
+  }
   std::string path(const std::string& name) const { return (dir / name).string(); }
   std::set<std::string> entries() const {
     std::set<std::string> out;

@@ -104,18 +104,21 @@ TEST(InputFile, AFolderADeviceAndASocketAreNamed) {
 }  // namespace
 
 // In a child of a death test: reads `path` with the address space capped at 1 GiB; exit 3 after
-// printing the one-line refusal, 0 when it was read.
+// printing the one-line refusal, 0 when it was read. The child removes `path` before it exits:
+// a threadsafe death test's child runs the test again from its start, so the file is its own.
 void read_capped(const std::string& path) {
   struct rlimit cap {};
   cap.rlim_cur = cap.rlim_max = rlim_t(1) << 30;
   setrlimit(RLIMIT_AS, &cap);
+  int code = 0;
   try {
     rp::read_input_file(path, "a JSON file");
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s\n", e.what());
-    std::_Exit(3);
+    code = 3;
   }
-  std::_Exit(0);
+  ::unlink(path.c_str());
+  std::_Exit(code);
 }
 
 // A file larger than the memory the process may have is one line naming it and its size, where

@@ -452,19 +452,24 @@ TEST(Packing, ExamplesShareSequencesWithRestartingPositions) {
 
 namespace {
 // In a death test's child: loads `path` with the address space capped at 2 GiB; exit 3 after
-// printing the one-line refusal, 0 when it loaded.
+// printing the one-line refusal, 0 when it loaded. The child removes the folder of `path` before
+// it exits: a threadsafe death test's child runs the test again from its start (its own
+// TempDir, which _Exit would leave behind).
 void load_capped(const std::string& path) {
   const Tokenizer& tok = qwen();  // loaded before the cap
   struct rlimit cap {};
   cap.rlim_cur = cap.rlim_max = rlim_t(2) << 30;
   setrlimit(RLIMIT_AS, &cap);
+  int code = 0;
   try {
     load_dataset(path, tok, ChatTemplate::chatml);
   } catch (const std::runtime_error& e) {
     std::fprintf(stderr, "%s\n", e.what());
-    std::_Exit(3);
+    code = 3;
   }
-  std::_Exit(0);
+  std::error_code ec;
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path(), ec);
+  std::_Exit(code);
 }
 }  // namespace
 
