@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -83,6 +84,14 @@ uint64_t free_disk_bytes(const std::string& path) {
   struct statvfs st {};
   if (::statvfs(p.c_str(), &st) != 0) return std::numeric_limits<uint64_t>::max();
   return uint64_t(st.f_bavail) * uint64_t(st.f_frsize);
+}
+
+void require_free_disk(const std::string& path, uint64_t need, const std::string& what,
+                       const std::string& remedy) {
+  const uint64_t free = free_disk_bytes(path);
+  if (free < need)
+    throw std::runtime_error(fmt::format("{}: {} needs about {}, the file system has {} free; {}", path, what,
+                                         byte_text(double(need)), byte_text(double(free)), remedy));
 }
 
 }  // namespace rp

@@ -27,4 +27,10 @@ size_t process_resident_bytes();
 /// existing parent folder. Returns UINT64_MAX when it cannot be determined.
 uint64_t free_disk_bytes(const std::string& path);
 
+/// Before writing about `need` bytes at `path`: throws std::runtime_error("<path>: <what> needs
+/// about <need>, the file system has <free> free; <remedy>") when free_disk_bytes(path) is less
+/// (nothing when it cannot be determined), so a full disk is one line before anything is written.
+void require_free_disk(const std::string& path, uint64_t need, const std::string& what,
+                       const std::string& remedy);
+
 }  // namespace rp

@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "base/atomic_file.hpp"
+#include "base/host_resources.hpp"
 #include "base/output_folder.hpp"
 #include "formats/format_fail.hpp"
 #include "formats/gguf.hpp"
@@ -227,6 +228,11 @@ std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir
 void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const GroupReader& read_group,
                        const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
                        const std::string& command) {
+  uint64_t need = uint64_t(1) << 20;  // config, manifest, README and the other small files
+  for (const auto& g : layout.groups) need += uint64_t(g.numel) * dtype_size(dtype);
+  if (!tokenizer_json.is_null()) need += tokenizer_json.dump().size();
+  require_free_disk(out_dir, need, "the model folder",
+                    "free some space or write it to another disk (nothing was written)");
   save_hf_checkpoint(out_dir, layout, read_group, tokenizer_json, chat_template, dtype,
                      [&](const std::string& tmp) { write_manifest(tmp, command); });
 }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.hpp"
+#include "base/host_resources.hpp"
 #include "base/output_folder.hpp"
 #include "formats/gguf.hpp"
 #include "formats/tokenizer_export.hpp"
@@ -417,6 +418,11 @@ int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExpor
     info.put<uint32_t>(uint32_t(t.type));
     info.put<uint64_t>(t.offset);
   }
+  uint64_t need = uint64_t(1) << 20;  // the header's fixed part and padding, with room to spare
+  need += kv.bytes().size() + info.bytes().size();
+  if (!tensors.empty()) need += tensors.back().offset + tensors.back().nbytes;
+  require_free_disk(out, need, "the GGUF file",
+                    "free some space or write it to another disk (nothing was written)");
   write_file_atomically(out, [&](std::ostream& os) {
     GgufHeader head;
     head.put<uint32_t>(0x46554747);  // "GGUF"

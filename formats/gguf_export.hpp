@@ -42,7 +42,9 @@ GgufExportType parse_gguf_export_type(const std::string& s);
 /// wrote (roundpipe.written_by); it must not be or lie inside the input or the base. Throws
 /// std::invalid_argument (one line naming the file) for a refused output, another
 /// architecture, a tokenizer that is not byte-level BPE; std::runtime_error("<file>: ...")
-/// for I/O failures and what load_model throws. Returns the number of tensors written.
+/// for I/O failures and what load_model throws, and before anything is written
+/// std::runtime_error("<out>: the GGUF file needs about X, the file system has Y free; ...")
+/// when `out`'s disk lacks the room. Returns the number of tensors written.
 /// A model folder is read one tensor at a time as the file is written (ModelSource: about one
 /// tensor's fp32 values of host memory); an adapter folder is merged onto its base first and
 /// held in fp32 (open_model_or_adapter).

@@ -1,9 +1,5 @@
 #include "trainer/disk_space.hpp"
 
-#include <stdexcept>
-
-#include <fmt/format.h>
-
 #include "base/host_resources.hpp"
 #include "kernels/dtype.hpp"
 
@@ -22,13 +18,8 @@ uint64_t checkpoint_bytes(const ModelLayout& layout, const TrainSpec& spec) {
 }
 
 void require_disk_space(const std::string& dir, uint64_t need, const std::string& what) {
-  const uint64_t free = free_disk_bytes(dir);
-  if (free < need)
-    throw std::runtime_error(
-        fmt::format("{}: {} needs about {}, the file system has {} free; free some space or set output_dir "
-                    "to another disk "
-                    "(finished checkpoints are kept)",
-                    dir, what, byte_text(double(need)), byte_text(double(free))));
+  require_free_disk(dir, need, what,
+                    "free some space or set output_dir to another disk (finished checkpoints are kept)");
 }
 
 }  // namespace rp

@@ -135,7 +135,10 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
 std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir);
 
 /// save_hf_checkpoint plus kModelManifestFile naming every file written, by `command`
-/// ("convert", "merge"), so that the folder may later be replaced by another such write.
+/// ("convert", "merge"), so that the folder may later be replaced by another such write. First
+/// throws std::runtime_error("<out_dir>: the model folder needs about X, the file system has Y
+/// free; ...") when the weights in `dtype` and the tokenizer do not fit the free space of
+/// out_dir's file system: nothing is written.
 void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const GroupReader& read_group,
                        const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
                        const std::string& command);
