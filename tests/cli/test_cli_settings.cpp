@@ -290,7 +290,8 @@ TEST(CliSettings, VersionSaysHowTheBinaryWasBuilt) {
 }
 
 // The commit --version names is the one the binary was built from: in a git checkout, its HEAD
-// once built (the build refreshes it; a configure long ago does not pin it).
+// once built (the build refreshes it; a configure long ago does not pin it), with "-dirty" when
+// tracked files had uncommitted edits.
 TEST(CliSettings, VersionNamesTheCommitOfTheBuild) {
   auto d = tmpdir();
   const std::string git = "git -C '" + std::string(RP_SOURCE_DIR) + "' ";
@@ -304,10 +305,15 @@ TEST(CliSettings, VersionNamesTheCommitOfTheBuild) {
     GTEST_SKIP() << RP_SOURCE_DIR << " is not a git checkout (or git is missing): the commit is \"unknown\"";
   ASSERT_EQ(std::system((git + "rev-parse --short=12 HEAD > " + (d / "head.txt").string()).c_str()), 0);
   const std::string head = slurp(d / "head.txt").substr(0, 12);
+  // tracked files edited since that commit: the build says so ("<head>-dirty")
+  ASSERT_EQ(std::system(
+                (git + "status --porcelain --untracked-files=no > " + (d / "changes.txt").string()).c_str()),
+            0);
+  const std::string commit = head + (slurp(d / "changes.txt").empty() ? "" : "-dirty");
   const CliRun r = roundpipe("--version", d);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("\ncommit: " + head + "\n"), std::string::npos)
-      << "the checkout is at " << head << "; rebuild if it moved since the last build\n"
+  EXPECT_NE(r.out.find("\ncommit: " + commit + "\n"), std::string::npos)
+      << "the checkout is at " << commit << "; rebuild if it moved or changed since the last build\n"
       << r.out;
   fs::remove_all(d);
 }
