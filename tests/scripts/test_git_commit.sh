@@ -1,6 +1,6 @@
 #!/bin/sh
 # cmake/git_commit.cmake, which writes the commit `roundpipe --version` names at every build:
-# a checkout's HEAD, "unknown" outside one (also in a folder that a repository merely holds, as a
+# a checkout's HEAD ("<HEAD>-dirty" with uncommitted edits of tracked files), "unknown" outside one (also in a folder that a repository merely holds, as a
 # release tarball unpacked inside one), and the header left untouched while the commit stays.
 #   test_git_commit.sh <cmake> <cmake/git_commit.cmake>
 set -eu
@@ -38,6 +38,15 @@ run "$t/repo"
 git_in commit -q --allow-empty -m two
 run "$t/repo"
 [ "$(commit_of)" = "$(git_in rev-parse --short=12 HEAD)" ] || fail "a new commit: '$(commit_of)', expected the new HEAD"
+
+echo a > "$t/repo/f" && git_in add f && git_in commit -q -m three
+echo b > "$t/repo/f"  # a tracked file edited, not committed
+run "$t/repo"
+[ "$(commit_of)" = "$(git_in rev-parse --short=12 HEAD)-dirty" ] || fail "uncommitted edits: '$(commit_of)', expected HEAD-dirty"
+git_in checkout -q f
+echo c > "$t/repo/untracked"  # an untracked file is not the build's: no -dirty
+run "$t/repo"
+[ "$(commit_of)" = "$(git_in rev-parse --short=12 HEAD)" ] || fail "an untracked file: '$(commit_of)', expected HEAD"
 
 mkdir "$t/repo/unpacked"
 run "$t/repo/unpacked"
