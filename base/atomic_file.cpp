@@ -13,6 +13,7 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -371,6 +372,25 @@ RecordedFolders::~RecordedFolders() {
   for (int h : handles_) forget_unfinished_file(h);
 }
 
+namespace {
+
+/// Rethrows the exception being handled. A plain std::runtime_error whose message starts with the
+/// temporary `tmp` ("out.tmp-42/model.safetensors: write failed: ...") names `target` there
+/// instead, and says nothing was replaced: the temporary is removed by the time anyone reads it.
+[[noreturn]] void rethrow_naming_target(const std::string& tmp, const std::string& target) {
+  try {
+    throw;
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    const bool names_tmp = what.size() > tmp.size() && what.compare(0, tmp.size(), tmp) == 0 &&
+                           (what[tmp.size()] == '/' || what[tmp.size()] == ':');
+    if (typeid(e) != typeid(std::runtime_error) || !names_tmp) throw;
+    throw std::runtime_error(target + what.substr(tmp.size()) + " (nothing was replaced)");
+  }
+}
+
+}  // namespace
+
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
   const std::string tmp = temporary_path(path);
   const int slot = claim(tmp, path, "tmp", false, /*cover_leftover=*/true);
@@ -388,7 +408,7 @@ void replace_file(const std::string& path, const std::function<void(const std::s
     unregister_temporary(slot);
     fs::remove(tmp, ec);
     drop_marker(tmp);
-    throw;
+    rethrow_naming_target(tmp, path);
   }
 }
 
@@ -494,7 +514,7 @@ void replace_folder(const std::string& dir_in, const std::function<void(const st
   } catch (...) {
     if (fs::exists(tmp, ec)) fs::remove_all(tmp, ec);
     if (!fs::exists(tmp, ec)) drop_marker(tmp);
-    throw;
+    rethrow_naming_target(tmp, d);
   }
 }
 

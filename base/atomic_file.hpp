@@ -49,6 +49,8 @@ std::string owner_marker_path(const std::string& leftover);
 /// and `path` is left as it was. I/O failures throw std::runtime_error("<path>: <what>"); a
 /// temporary name that exists without our marker throws
 /// std::runtime_error("<tmp>: exists and was not made by roundpipe; ...") before anything is written.
+/// A std::runtime_error from `write` that names the temporary is rethrown naming `path` ("<path>:
+/// write failed ... (nothing was replaced)"): the temporary is gone by then.
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write);
 
 /// Removes the temporaries (and their owner markers) of every replace_file of this process that
@@ -121,7 +123,9 @@ struct FolderConflict : std::runtime_error {
 /// symbolic link ..."); a temporary or aside name that exists without our marker throws (as
 /// replace_file); a file of the user's that the new version would replace throws
 /// FolderConflict; I/O failures throw std::runtime_error("<dir or file>: <what>"); an
-/// exception from `fill` propagates.
+/// exception from `fill` propagates, a std::runtime_error naming a file of the temporary
+/// ("<dir>.tmp-<pid>/x: write failed ...") renamed to name it in `dir` ("<dir>/x: write failed
+/// ... (nothing was replaced)"), since the temporary is gone by then. replace_file does the same.
 void replace_folder(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
 
 /// The entries of folder `from` (the version a rewrite replaces) that the rewrite must keep:

@@ -9,10 +9,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <typeinfo>
 
 #include "base/atomic_file.hpp"
 #include "base/output_folder.hpp"
@@ -268,6 +270,59 @@ TEST(AtomicFile, ReplacesAFolderAndKeepsTheOldOneOnFailure) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("exists and is not a directory"), std::string::npos) << e.what();
   }
+  fs::remove_all(d);
+}
+
+// A write error names the temporary it was writing ("final.tmp-42/model.safetensors: write failed:
+// No space left on device"), which is removed before anyone reads the message: it is rethrown
+// naming the file in the target, saying nothing was replaced. Other errors pass as they were.
+TEST(AtomicFile, AnErrorNamingTheTemporaryNamesTheTargetInstead) {
+  const auto d = scratch();
+  const std::string ck = (d / "final").string(), f = (d / "state.bin").string();
+  const auto error_of = [](const std::function<void()>& write) -> std::string {
+    try {
+      write();
+    } catch (const std::runtime_error& e) {
+      return std::string(typeid(e) == typeid(std::runtime_error) ? "" : "(other type) ") + e.what();
+    } catch (const std::invalid_argument& e) {
+      return std::string("(invalid_argument) ") + e.what();
+    }
+    return "no error";
+  };
+  const auto fill_throwing = [](auto make) { return [make](const std::string& tmp) { throw make(tmp); }; };
+  EXPECT_EQ(error_of([&] {
+              rp::replace_folder(
+                  ck, fill_throwing([](const std::string& tmp) {
+                    return std::runtime_error(tmp + "/model.safetensors: write failed: No space");
+                  }));
+            }),
+            ck + "/model.safetensors: write failed: No space (nothing was replaced)");
+  EXPECT_EQ(error_of([&] {
+              rp::replace_file(f, fill_throwing([](const std::string& tmp) {
+                                 return std::runtime_error(tmp + ": write failed (disk full?)");
+                               }));
+            }),
+            f + ": write failed (disk full?) (nothing was replaced)");
+  // another type, another path, a longer name that merely starts like the temporary's: as they were
+  const std::string tmp = rp::temporary_path(ck);
+  EXPECT_EQ(error_of([&] {
+              rp::replace_folder(ck, fill_throwing([](const std::string& t) {
+                                   return std::invalid_argument(t + "/x: refused");
+                                 }));
+            }),
+            "(invalid_argument) " + tmp + "/x: refused");
+  EXPECT_EQ(error_of([&] {
+              rp::replace_folder(
+                  ck, fill_throwing([](const std::string&) { return std::runtime_error("y: failed"); }));
+            }),
+            "y: failed");
+  EXPECT_EQ(error_of([&] {
+              rp::replace_folder(ck, fill_throwing([](const std::string& t) {
+                                   return std::runtime_error(t + "0/x: failed");
+                                 }));
+            }),
+            tmp + "0/x: failed");
+  EXPECT_EQ(entries(d), 0u);  // nothing left behind
   fs::remove_all(d);
 }
 
