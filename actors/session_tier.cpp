@@ -144,7 +144,8 @@ size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::st
 
 /// The valid cache (tier::ensure_cache). A reused one is read whole and checked first (with
 /// verify_reused, under the builders' lock): a damaged entry builds it again, the mismatch being
-/// the reason. I/O errors name the option. A wait for another run's build is logged first.
+/// the reason. I/O errors of the cache name the option; what `fill` throws passes as it is. A wait
+/// for another run's build is logged first.
 /// `spill_unallocated`: the activation spill's file bytes in the same folder not yet allocated.
 tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::string& key,
                                      const std::vector<tier::CacheEntrySpec>& specs,
@@ -154,8 +155,22 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
   bo.reserved_bytes = spill_unallocated;
   bo.verify_reused = o.verify_reused;
   bo.on_wait = [&log](const std::string& line) { log("frozen tier: " + line); };
+  // what reading the base throws (a model file cut or failing while read) names that file and
+  // stays as it is: the cache's path is not what failed
+  struct BaseReadFailed : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  const tier::CacheFill read_base = [&fill](size_t entry, uint64_t offset, std::span<std::byte> out) {
+    try {
+      fill(entry, offset, out);
+    } catch (const std::runtime_error& e) {
+      throw BaseReadFailed(e.what());
+    }
+  };
   try {
-    return tier::ensure_cache(o.path, key, specs, fill, bo);
+    return tier::ensure_cache(o.path, key, specs, read_base, bo);
+  } catch (const BaseReadFailed& e) {
+    throw std::runtime_error(e.what());
   } catch (const tier::PathRefused& e) {  // says what to do already: the file is there, not unwritable
     throw std::runtime_error(fmt::format("frozen_tier.path: {}", e.what()));
   } catch (const std::runtime_error& e) {
