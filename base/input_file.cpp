@@ -90,21 +90,31 @@ std::string read_opened(const std::string& path, std::string_view expected, std:
 
 }  // namespace
 
+namespace {
+int64_t mtime_ns(const struct stat& st) {
+  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+}  // namespace
+
 PositionalFile::PositionalFile(int fd, uint64_t size, std::string path)
-    : fd_(fd), size_(size), path_(std::move(path)) {}
+    : fd_(fd), size_(size), path_(std::move(path)) {
+  // a failed fstat leaves 0, which the check after the first read reports as a change
+  if (struct stat st{}; ::fstat(fd_, &st) == 0) mtime_ns_ = mtime_ns(st);
+}
 
 PositionalFile::~PositionalFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
 PositionalFile::PositionalFile(PositionalFile&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)), size_(o.size_), path_(std::move(o.path_)) {}
+    : fd_(std::exchange(o.fd_, -1)), size_(o.size_), mtime_ns_(o.mtime_ns_), path_(std::move(o.path_)) {}
 
 PositionalFile& PositionalFile::operator=(PositionalFile&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = std::exchange(o.fd_, -1);
     size_ = o.size_;
+    mtime_ns_ = o.mtime_ns_;
     path_ = std::move(o.path_);
   }
   return *this;
@@ -120,16 +130,27 @@ void PositionalFile::read(uint64_t offset, uint64_t n, void* dst, std::string_vi
     if (got < 0 && errno == EINTR) continue;
     if (got < 0)
       throw std::runtime_error(fmt::format("{}: {}: cannot read ({})", path_, what, std::strerror(errno)));
-    if (got == 0) {  // end of file before the bytes the header promised: the file shrank
-      struct stat st {};
-      const uint64_t now = ::fstat(fd_, &st) == 0 ? uint64_t(st.st_size) : offset + done;
-      throw std::runtime_error(
-          fmt::format("{}: {}: the file is now {} bytes, shorter than the {} it had when opened (it changed "
-                      "while being read)",
-                      path_, what, now, size_));
-    }
+    if (got == 0) break;  // end of file before the bytes the header promised: the file shrank
     done += uint64_t(got);
   }
+  // bytes another program wrote while (or before) they were read would mix two files' contents
+  check_unchanged(what);
+  if (done < n)  // the file is as it was yet ends early: a size that was never true
+    throw std::runtime_error(
+        fmt::format("{}: {}: cannot read (the file ends at byte {})", path_, what, offset + done));
+}
+
+void PositionalFile::check_unchanged(std::string_view what) const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0)
+    throw std::runtime_error(fmt::format("{}: {}: cannot read ({})", path_, what, std::strerror(errno)));
+  if (uint64_t(st.st_size) != size_)
+    throw std::runtime_error(
+        fmt::format("{}: {}: the file changed while being read: it is now {} bytes, it had {} when opened",
+                    path_, what, uint64_t(st.st_size), size_));
+  if (mtime_ns(st) != mtime_ns_)
+    throw std::runtime_error(
+        fmt::format("{}: {}: the file changed while being read (modified after it was opened)", path_, what));
 }
 
 void PositionalFile::read_chunks(uint64_t offset, uint64_t n, uint64_t unit, std::string_view what,

@@ -25,12 +25,23 @@ std::string read_input_file(const std::string& path, std::string_view expected,
 
 /// A regular file read at byte offsets with pread, never through a memory mapping: a file that
 /// another program shrinks while it is read, or a disk that fails (EIO), gives a one-line error
-/// where a read of a mapping dies of SIGBUS. Holds the descriptor it is given (closed with it);
-/// reads of one object from several threads at once are safe (pread keeps no file position).
+/// where a read of a mapping dies of SIGBUS. After every read the file's size and modification
+/// time are compared with those it had when this object was made, so a file rewritten in place
+/// (`cp other in.gguf`, `dd conv=notrunc`) fails the read instead of giving a model mixed from
+/// two files; a file replaced by rename (`mv new in.gguf`) is not this file and reads on as it
+/// was. Not seen, as no check of the file's status can see them: a write that keeps the size
+/// within the file system's timestamp tick of the open (coarse clocks: a few ms), a rewrite whose
+/// writer sets the old modification time back (`touch -r`, `cp -p` / `rsync -t --inplace` of a
+/// file with that same time), and stores through another program's writable shared mapping of
+/// the file (they change no time stamp). The status-change time is not compared: the `mv` above
+/// changes it on the file being read (its link count), as do chmod and chown. Holds the descriptor it is
+/// given (closed with it); reads of one object from several threads at once are safe (pread keeps no file
+/// position).
 class PositionalFile {
  public:
   PositionalFile() = default;
-  /// Takes `fd` (open for reading); `size` is the file's size when it was opened.
+  /// Takes `fd` (open for reading); `size` is the file's size when it was opened. Notes the
+  /// file's modification time (fstat) for the checks after each read.
   PositionalFile(int fd, uint64_t size, std::string path);
   ~PositionalFile();
   PositionalFile(PositionalFile&& o) noexcept;
@@ -42,8 +53,9 @@ class PositionalFile {
   uint64_t size() const { return size_; }  ///< bytes, when opened
 
   /// Bytes [offset, offset + n) into `dst`. Throws std::runtime_error naming the file and `what`
-  /// (" tensor 'x'"): "<path>: <what>: the file is now N bytes, shorter than the M it had when
-  /// opened (it changed while being read)", or "<path>: <what>: cannot read (<reason>)".
+  /// ("tensor 'x'"): "<path>: <what>: the file changed while being read: it is now N bytes, it
+  /// had M when opened", "<path>: <what>: the file changed while being read (modified after it
+  /// was opened)", or "<path>: <what>: cannot read (<reason>)".
   void read(uint64_t offset, uint64_t n, void* dst, std::string_view what) const;
   /// read() over [offset, offset + n) in pieces of at most about 8 MiB that hold whole `unit`-byte
   /// units (n a multiple of `unit`), each handed to fn(bytes, first_unit, units) in order, so a
@@ -52,8 +64,12 @@ class PositionalFile {
                    const std::function<void(const uint8_t*, uint64_t, uint64_t)>& fn) const;
 
  private:
+  /// Throws if the file's size or modification time is no longer what it was when opened.
+  void check_unchanged(std::string_view what) const;
+
   int fd_ = -1;
   uint64_t size_ = 0;
+  int64_t mtime_ns_ = 0;  ///< st_mtim when opened, in ns since the epoch
   std::string path_;
 };
 

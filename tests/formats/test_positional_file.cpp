@@ -49,16 +49,17 @@ TEST(PositionalFile, ReadsWhatTheFileHoldsAndRefusesWhatItNoLongerDoes) {
   f.read(12345, got.size(), got.data(), "tensor 'x'");
   EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + 12345));
   fs::resize_file(path, 40000);
-  f.read(30000, 5000, got.data(), "tensor 'x'");  // still held
-  EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + 30000));
-  try {
-    f.read(38000, 5000, got.data(), "tensor 'x'");
-    ADD_FAILURE() << "a read past the new end of the file returned";
-  } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              path +
-                  ": tensor 'x': the file is now 40000 bytes, shorter than the 100000 it had when opened (it "
-                  "changed while being read)");
+  // bytes the file still holds are refused too: what follows them is no longer the same file
+  for (const uint64_t at : {uint64_t(30000), uint64_t(38000)}) {
+    try {
+      f.read(at, 5000, got.data(), "tensor 'x'");
+      ADD_FAILURE() << "a read of a file that shrank returned";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                path +
+                    ": tensor 'x': the file changed while being read: it is now 40000 bytes, it had 100000 "
+                    "when opened");
+    }
   }
 }
 
@@ -119,7 +120,7 @@ void cut_while_reading(const std::string& original, const std::string& path, int
       ++whole;
     } catch (const std::runtime_error& e) {
       const std::string what = e.what();
-      EXPECT_EQ(what.rfind(path + ": tensor 'w': the file is now ", 0), 0u) << what;
+      EXPECT_EQ(what.rfind(path + ": tensor 'w': the file changed while being read", 0), 0u) << what;
       EXPECT_EQ(what.find('\n'), std::string::npos) << what;
       ++refused;
     }
@@ -156,6 +157,99 @@ TEST(ModelFiles, AFileCutWhileATensorIsReadFailsTheReadNotTheProcess) {
         dir / "m.gguf", dir / "cut.gguf", 8, [](const GgufFile& f) { return f.dequantize(*f.find("w")); },
         values);
   }
+}
+
+/// Writes `bytes` over the start of `path` in place (same inode, same size), as `dd conv=notrunc`
+/// or a program rewriting its output does.
+void overwrite_in_place(const std::string& path, const std::vector<uint8_t>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), ssize_t(bytes.size()));
+  ::close(fd);
+}
+
+int64_t mtime_ns(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+TEST(PositionalFile, BytesRewrittenInPlaceBetweenTwoPiecesFailTheReadRatherThanMixTwoFiles) {
+  test::TempDir dir("pfile_rewrite");
+  const std::string path = dir / "f.bin";
+  const uint64_t n = uint64_t(20) << 20;  // three pieces
+  const std::vector<uint8_t> a = pattern(size_t(n));
+  std::vector<uint8_t> b(a.rbegin(), a.rend());  // same size, other bytes
+  test::write_bytes(path, a);
+  const int64_t before = mtime_ns(path);
+  const PositionalFile f = open_file(path);
+  int pieces = 0;
+  try {
+    f.read_chunks(0, n, 1, "tensor 'x'", [&](const uint8_t* p, uint64_t first, uint64_t k) {
+      EXPECT_TRUE(std::equal(p, p + k, a.begin() + int64_t(first)))
+          << "piece " << pieces << " mixes two files";
+      if (pieces++ == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the timestamp clock's tick
+        overwrite_in_place(path, b);
+      }
+    });
+    if (mtime_ns(path) == before) GTEST_SKIP() << "this file system's timestamps did not change on a write";
+    ADD_FAILURE() << "a read of a file rewritten between its pieces returned";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path + ": tensor 'x': the file changed while being read (modified after it was opened)");
+  }
+  EXPECT_EQ(pieces, 1);
+  // a file replaced by rename is another file: the one opened reads on, whole and unmixed
+  test::write_bytes(path + ".new", a);
+  const PositionalFile g = open_file(path + ".new");
+  fs::rename(path, path + ".new");
+  std::vector<uint8_t> got(static_cast<size_t>(n));
+  g.read(0, n, got.data(), "tensor 'x'");
+  EXPECT_TRUE(got == a);
+}
+
+TEST(ModelFiles, AFileCopiedOverWhileATensorIsReadGivesItsValuesOrOneLineNeverAMix) {
+  // `cp other.gguf in.gguf` while in.gguf is read: cp cuts the file to nothing, then writes the
+  // other file's bytes; every read must return the first file's values or fail with one line
+  test::TempDir dir("pfile_cp");
+  const int64_t n = int64_t(12) << 20;
+  std::vector<float> va(static_cast<size_t>(n)), vb(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    va[size_t(i)] = float(i % 256) - 128.f;
+    vb[size_t(i)] = float((i + 77) % 200) - 100.f;
+  }
+  save_safetensors(dir / "a.safetensors", {TensorRef{"w", {n}, va.data(), {}}}, DType::bf16);
+  save_safetensors(dir / "b.safetensors", {TensorRef{"w", {n}, vb.data(), {}}}, DType::bf16);
+  const std::string path = dir / "in.safetensors";
+  auto t0 = std::chrono::steady_clock::now();
+  fs::copy_file(dir / "a.safetensors", path);
+  { ASSERT_EQ(SafetensorsFile(path).read_f32(*SafetensorsFile(path).find("w")).data, va); }
+  const auto one_read = std::chrono::steady_clock::now() - t0;
+  const std::vector<uint8_t> bytes_b = test::read_bytes(dir / "b.safetensors");
+  int whole = 0, refused = 0;
+  const int trials = 10;
+  for (int i = 0; i < trials; ++i) {
+    fs::copy_file(dir / "a.safetensors", path, fs::copy_options::overwrite_existing);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the copy's timestamp tick passes
+    const SafetensorsFile f(path);
+    std::thread cp([&] {
+      std::this_thread::sleep_for(one_read * i / trials);
+      test::write_bytes(path, bytes_b);  // truncates, then writes
+    });
+    try {
+      EXPECT_EQ(f.read_f32(*f.find("w")).data, va) << "delay " << i;
+      ++whole;
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind(path + ": tensor 'w': the file changed while being read", 0), 0u) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      ++refused;
+    }
+    cp.join();
+  }
+  EXPECT_EQ(whole + refused, trials);
+  EXPECT_GT(refused, 0);  // at least the first (no delay)
 }
 
 }  // namespace
