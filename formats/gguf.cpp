@@ -383,9 +383,16 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     const uint64_t n_tensors = r.get<uint64_t>("tensor count");
     const uint64_t n_kv = r.get<uint64_t>("metadata count");
     // Each KV needs >= 8 (key length) + 4 (type) + 1 bytes; each tensor info >= 8+4+8+4+8.
-    if (n_kv > size_ / 13) r.fail(fmt::format("corrupt header: metadata count {} is impossible", n_kv));
+    // a file cut short says so: its counts are right, the bytes they promise are missing
+    if (n_kv > size_ / 13)
+      r.fail(fmt::format(
+          "truncated or corrupt header: {} metadata entries need at least {} bytes, the file has {}", n_kv,
+          n_kv > UINT64_MAX / 13 ? UINT64_MAX : n_kv * 13, size_));
     if (n_tensors > size_ / 32)
-      r.fail(fmt::format("corrupt header: tensor count {} is impossible", n_tensors));
+      r.fail(fmt::format(
+          "truncated or corrupt header: {} tensors need at least {} bytes of tensor info, the file "
+          "has {}",
+          n_tensors, n_tensors > UINT64_MAX / 32 ? UINT64_MAX : n_tensors * 32, size_));
     meta_ = nlohmann::json::object();
     for (uint64_t i = 0; i < n_kv; ++i) {
       std::string key = r.str("metadata key");
