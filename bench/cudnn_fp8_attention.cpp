@@ -39,10 +39,10 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <stdexcept>
-#include <unordered_map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -75,7 +75,8 @@ namespace fe = cudnn_frontend;
 using rp::DType;
 
 void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
 }
 
 struct Dev {  // a device allocation freed at scope exit
@@ -166,16 +167,44 @@ std::string error_of(const std::vector<float>& got, const std::vector<float>& re
   }
   char b[96];
   if (bad) std::snprintf(b, sizeof b, "%zu not finite", bad);
-  else std::snprintf(b, sizeof b, "%.4f / %.4f", std::sqrt(num / std::max(den, 1e-30)), worst / std::max(top, 1e-30));
+  else
+    std::snprintf(b, sizeof b, "%.4f / %.4f", std::sqrt(num / std::max(den, 1e-30)),
+                  worst / std::max(top, 1e-30));
   return b;
 }
 
 // uids of the FP8 graphs' tensors
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
   // scalars (fp32 [1,1,1,1]): one slot each of the scalar buffer, slot = uid - kScalar0
-  kScalar0 = 100, kDescaleQ = kScalar0, kDescaleK, kDescaleV, kDescaleS, kScaleS, kScaleO, kAmaxS, kAmaxO,
-  kDescaleO, kDescaleDO, kDescaleDP, kScaleDQ, kScaleDK, kScaleDV, kScaleDP, kAmaxDQ, kAmaxDK, kAmaxDV, kAmaxDP,
+  kScalar0 = 100,
+  kDescaleQ = kScalar0,
+  kDescaleK,
+  kDescaleV,
+  kDescaleS,
+  kScaleS,
+  kScaleO,
+  kAmaxS,
+  kAmaxO,
+  kDescaleO,
+  kDescaleDO,
+  kDescaleDP,
+  kScaleDQ,
+  kScaleDK,
+  kScaleDV,
+  kScaleDP,
+  kAmaxDQ,
+  kAmaxDK,
+  kAmaxDV,
+  kAmaxDP,
   kScalarEnd
 };
 
@@ -193,8 +222,11 @@ Graph build(cudnnHandle_t h, const Problem& p, bool backward) {
   auto dims = [&](int64_t heads) { return std::vector<int64_t>{1, heads, p.L, p.D}; };
   auto strides = [&](int64_t heads) { return std::vector<int64_t>{p.L * heads * p.D, p.D, heads * p.D, 1}; };
   auto tensor = [&](const char* name, int64_t uid, int64_t heads) {
-    return g->tensor(
-        fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims(heads)).set_stride(strides(heads)));
+    return g->tensor(fe::graph::Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim(dims(heads))
+                         .set_stride(strides(heads)));
   };
   auto scalar = [&](const char* name, int64_t uid) {
     return g->tensor(fe::graph::Tensor_attributes()
@@ -205,8 +237,11 @@ Graph build(cudnnHandle_t h, const Problem& p, bool backward) {
                          .set_data_type(fe::DataType_t::FLOAT));
   };
   auto out_scalar = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid) {
-    t->set_output(true).set_uid(uid).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(
-        fe::DataType_t::FLOAT);
+    t->set_output(true)
+        .set_uid(uid)
+        .set_dim({1, 1, 1, 1})
+        .set_stride({1, 1, 1, 1})
+        .set_data_type(fe::DataType_t::FLOAT);
   };
   auto out = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid, int64_t heads) {
     t->set_output(true).set_uid(uid).set_dim(dims(heads)).set_stride(strides(heads));
@@ -224,8 +259,11 @@ Graph build(cudnnHandle_t h, const Problem& p, bool backward) {
         g->sdpa_fp8(Q, K, V, scalar("dq", kDescaleQ), scalar("dk", kDescaleK), scalar("dv", kDescaleV),
                     scalar("ds", kDescaleS), scalar("ss", kScaleS), scalar("so", kScaleO), opt);
     out(O, kO, p.nq);
-    Stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
-        stats_stride);
+    Stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
     out_scalar(AmaxS, kAmaxS);
     out_scalar(AmaxO, kAmaxO);
   } else {
@@ -236,15 +274,14 @@ Graph build(cudnnHandle_t h, const Problem& p, bool backward) {
                                .set_dim(stats_dim)
                                .set_stride(stats_stride)
                                .set_data_type(fe::DataType_t::FLOAT));
-    auto opt = fe::graph::SDPA_fp8_backward_attributes()
-                   .set_name("fp8_bwd")
-                   .set_causal_mask(true)
-                   .set_attn_scale(attn_scale);
+    auto opt =
+        fe::graph::SDPA_fp8_backward_attributes().set_name("fp8_bwd").set_causal_mask(true).set_attn_scale(
+            attn_scale);
     auto [dQ, dK, dV, AmaxDQ, AmaxDK, AmaxDV, AmaxDP] = g->sdpa_fp8_backward(
         Q, K, V, O, dO, Stats, scalar("dq", kDescaleQ), scalar("dk", kDescaleK), scalar("dv", kDescaleV),
-        scalar("do", kDescaleO), scalar("ddo", kDescaleDO), scalar("ds", kDescaleS), scalar("ddp", kDescaleDP),
-        scalar("ss", kScaleS), scalar("sdq", kScaleDQ), scalar("sdk", kScaleDK), scalar("sdv", kScaleDV),
-        scalar("sdp", kScaleDP), opt);
+        scalar("do", kDescaleO), scalar("ddo", kDescaleDO), scalar("ds", kDescaleS),
+        scalar("ddp", kDescaleDP), scalar("ss", kScaleS), scalar("sdq", kScaleDQ), scalar("sdk", kScaleDK),
+        scalar("sdv", kScaleDV), scalar("sdp", kScaleDP), opt);
     out(dQ, kDQ, p.nq);
     out(dK, kDK, p.nkv);
     out(dV, kDV, p.nkv);
@@ -271,7 +308,8 @@ Graph build(cudnnHandle_t h, const Problem& p, bool backward) {
 
 /// Milliseconds per call of fn, the median of 5 trials of `reps` calls, interleaved with the
 /// other functions of `fns` trial by trial.
-std::vector<double> time_interleaved(cudaStream_t st, const std::vector<std::function<void()>>& fns, int reps) {
+std::vector<double> time_interleaved(cudaStream_t st, const std::vector<std::function<void()>>& fns,
+                                     int reps) {
   cudaEvent_t e0, e1;
   ok(cudaEventCreate(&e0), "cudaEventCreate");
   ok(cudaEventCreate(&e1), "cudaEventCreate");
@@ -316,10 +354,11 @@ double sustained_ms(cudaStream_t st, const std::function<void()>& fn, double sec
   return (elapsed() - t1) * 1e3 / calls;
 }
 
-void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, double seconds, std::ostringstream& md) {
+void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, double seconds,
+             std::ostringstream& md) {
   char label[96];
-  std::snprintf(label, sizeof label, "%s | L %lld, %lld / %lld heads", p.model, (long long)p.L, (long long)p.nq,
-                (long long)p.nkv);
+  std::snprintf(label, sizeof label, "%s | L %lld, %lld / %lld heads", p.model, (long long)p.L,
+                (long long)p.nq, (long long)p.nkv);
   std::printf("== %s\n", label);
   const Graph fwd = build(h, p, false), bwd = build(h, p, true);
   if (!fwd.g || !bwd.g) {
@@ -331,8 +370,8 @@ void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, doubl
   const std::vector<float> q = randn(p.q_n(), 1), k = randn(p.kv_n(), 2), v = randn(p.kv_n(), 3),
                            dout = randn(p.q_n(), 4);
   // bf16: the runtime's path
-  Dev qb(p.q_n() * 2), kb(p.kv_n() * 2), vb(p.kv_n() * 2), ob(p.q_n() * 2), dob(p.q_n() * 2), dqb(p.q_n() * 2),
-      dkb(p.kv_n() * 2), dvb(p.kv_n() * 2), lse(size_t(p.nq * p.L) * 4);
+  Dev qb(p.q_n() * 2), kb(p.kv_n() * 2), vb(p.kv_n() * 2), ob(p.q_n() * 2), dob(p.q_n() * 2),
+      dqb(p.q_n() * 2), dkb(p.kv_n() * 2), dvb(p.kv_n() * 2), lse(size_t(p.nq * p.L) * 4);
   upload_bf16(qb.p, q);
   upload_bf16(kb.p, k);
   upload_bf16(vb.p, v);
@@ -343,13 +382,13 @@ void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, doubl
   const float attn_scale = float(1.0 / std::sqrt(double(p.D)));
   std::string why;
   auto bf16_fwd = [&] {
-    if (!att.fwd(DType::bf16, qb.p, kb.p, vb.p, ob.p, lse.f(), 1, p.L, p.nq, p.nkv, p.D, attn_scale, ws.p, ws_bytes,
-                 &why))
+    if (!att.fwd(DType::bf16, qb.p, kb.p, vb.p, ob.p, lse.f(), 1, p.L, p.nq, p.nkv, p.D, attn_scale, ws.p,
+                 ws_bytes, &why))
       throw std::runtime_error("bf16 forward refused: " + why);
   };
   auto bf16_bwd = [&] {
-    if (!att.bwd(DType::bf16, qb.p, kb.p, vb.p, ob.p, lse.f(), dob.p, dqb.p, dkb.p, dvb.p, 1, p.L, p.nq, p.nkv, p.D,
-                 attn_scale, ws.p, ws_bytes, &why))
+    if (!att.bwd(DType::bf16, qb.p, kb.p, vb.p, ob.p, lse.f(), dob.p, dqb.p, dkb.p, dvb.p, 1, p.L, p.nq,
+                 p.nkv, p.D, attn_scale, ws.p, ws_bytes, &why))
       throw std::runtime_error("bf16 backward refused: " + why);
   };
   bf16_fwd();
@@ -359,7 +398,8 @@ void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, doubl
                            dk_ref = download_bf16(dkb.p, p.kv_n()), dv_ref = download_bf16(dvb.p, p.kv_n());
   // FP8: inputs quantized per tensor; O's scale from amax(V); S fixed
   float s_q, s_k, s_v, s_do;
-  const auto cq = quantize(q, &s_q), ck = quantize(k, &s_k), cv = quantize(v, &s_v), cdo = quantize(dout, &s_do);
+  const auto cq = quantize(q, &s_q), ck = quantize(k, &s_k), cv = quantize(v, &s_v),
+             cdo = quantize(dout, &s_do);
   Dev q8(p.q_n()), k8(p.kv_n()), v8(p.kv_n()), o8(p.q_n()), do8(p.q_n()), dq8(p.q_n()), dk8(p.kv_n()),
       dv8(p.kv_n()), lse8(size_t(p.nq * p.L) * 4), scalars(sizeof(float) * (kScalarEnd - kScalar0));
   ok(cudaMemcpy(q8.p, cq.data(), cq.size(), cudaMemcpyHostToDevice), "upload");
@@ -374,8 +414,9 @@ void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, doubl
   auto push = [&] { ok(cudaMemcpy(scalars.p, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice), "scalars"); };
   auto pull = [&] { ok(cudaMemcpy(sc.data(), scalars.p, sc.size() * 4, cudaMemcpyDeviceToHost), "scalars"); };
   push();
-  std::unordered_map<int64_t, void*> pack{{kQ, q8.p},   {kK, k8.p},   {kV, v8.p},   {kO, o8.p},  {kStats, lse8.p},
-                                          {kDO, do8.p}, {kDQ, dq8.p}, {kDK, dk8.p}, {kDV, dv8.p}};
+  std::unordered_map<int64_t, void*> pack{{kQ, q8.p},   {kK, k8.p},       {kV, v8.p},
+                                          {kO, o8.p},   {kStats, lse8.p}, {kDO, do8.p},
+                                          {kDQ, dq8.p}, {kDK, dk8.p},     {kDV, dv8.p}};
   for (int64_t u = kScalar0; u < kScalarEnd; ++u) pack[u] = scalars.f() + (u - kScalar0);
   auto exec = [&](const Graph& g, const char* what) {
     std::unordered_map<int64_t, void*> mine;
@@ -394,10 +435,10 @@ void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, doubl
   const float s_dq = rp::fp8::scale_from_amax(at(kAmaxDQ), Fp8Format::e4m3);
   const float s_dk = rp::fp8::scale_from_amax(at(kAmaxDK), Fp8Format::e4m3);
   const float s_dv = rp::fp8::scale_from_amax(at(kAmaxDV), Fp8Format::e4m3);
-  std::printf("amax: S %.4g, O %.4g (bound %.4g), dP %.4g, dQ %.4g, dK %.4g, dV %.4g\n", at(kAmaxS), at(kAmaxO),
-              amax_of(v), at(kAmaxDP), at(kAmaxDQ), at(kAmaxDK), at(kAmaxDV));
+  std::printf("amax: S %.4g, O %.4g (bound %.4g), dP %.4g, dQ %.4g, dK %.4g, dV %.4g\n", at(kAmaxS),
+              at(kAmaxO), amax_of(v), at(kAmaxDP), at(kAmaxDQ), at(kAmaxDK), at(kAmaxDV));
   at(kScaleDP) = 1 / s_dp, at(kDescaleDP) = s_dp, at(kScaleDQ) = 1 / s_dq, at(kScaleDK) = 1 / s_dk,
-          at(kScaleDV) = 1 / s_dv;
+  at(kScaleDV) = 1 / s_dv;
   push();
   fp8_fwd();
   fp8_bwd();
@@ -413,16 +454,22 @@ void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, doubl
   const double ff = p.fwd_flops(), bf = 2.5 * ff;
   char row[512];
   std::snprintf(row, sizeof row,
-                "| %s | %.3f ms, %.0f | %.3f ms, %.0f | %.2fx | %.3f ms, %.0f | %.3f ms, %.0f | %.2fx | %s | %s | %s | %s "
+                "| %s | %.3f ms, %.0f | %.3f ms, %.0f | %.2fx | %.3f ms, %.0f | %.3f ms, %.0f | %.2fx | %s | "
+                "%s | %s | %s "
                 "| %s |",
-                label, ms[0], ff / ms[0] / 1e9, ms[1], ff / ms[1] / 1e9, ms[0] / ms[1], ms[2], bf / ms[2] / 1e9, ms[3],
-                bf / ms[3] / 1e9, ms[2] / ms[3], e_o.c_str(), e_dq.c_str(), e_dk.c_str(), e_dv.c_str(), e_in.c_str());
+                label, ms[0], ff / ms[0] / 1e9, ms[1], ff / ms[1] / 1e9, ms[0] / ms[1], ms[2],
+                bf / ms[2] / 1e9, ms[3], bf / ms[3] / 1e9, ms[2] / ms[3], e_o.c_str(), e_dq.c_str(),
+                e_dk.c_str(), e_dv.c_str(), e_in.c_str());
   std::printf("%s\n", row);
   md << row << "\n";
   if (seconds > 0) {
-    const double b = sustained_ms(st, [&] { bf16_fwd(), bf16_bwd(); }, seconds);
-    const double f = sustained_ms(st, [&] { fp8_fwd(), fp8_bwd(); }, seconds);
-    std::snprintf(row, sizeof row, "| %s, forward + backward for %.0f s each | bf16 %.3f ms, %.0f TFLOP/s | FP8 %.3f ms, %.0f TFLOP/s | %.2fx |",
+    const double b = sustained_ms(
+        st, [&] { bf16_fwd(), bf16_bwd(); }, seconds);
+    const double f = sustained_ms(
+        st, [&] { fp8_fwd(), fp8_bwd(); }, seconds);
+    std::snprintf(row, sizeof row,
+                  "| %s, forward + backward for %.0f s each | bf16 %.3f ms, %.0f TFLOP/s | FP8 %.3f ms, %.0f "
+                  "TFLOP/s | %.2fx |",
                   label, seconds, b, 3.5 * ff / b / 1e9, f, 3.5 * ff / f / 1e9, b / f);
     std::printf("%s\n", row);
     md << "\n" << row << "\n\n";
@@ -439,8 +486,8 @@ int run_all(const Options& o, std::string& table, std::string& device) {
   ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   device = prop.name;
   if (prop.major * 10 + prop.minor < 89) {
-    std::printf("%s: no FP8 tensor cores (compute capability %d.%d): nothing to measure\n", prop.name, prop.major,
-                prop.minor);
+    std::printf("%s: no FP8 tensor cores (compute capability %d.%d): nothing to measure\n", prop.name,
+                prop.major, prop.minor);
     return 0;
   }
   std::printf("device: %s, cuDNN %zu\n", prop.name, size_t(cudnnGetVersion()));
@@ -450,10 +497,13 @@ int run_all(const Options& o, std::string& table, std::string& device) {
   if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) throw std::runtime_error("cudnnCreate failed");
   cudnnSetStream(h, st);
   std::ostringstream md;
-  md << "cuDNN " << cudnnGetVersion() << ", one sequence, causal, head_dim 128; times: ms per call, TFLOP/s; errors: "
+  md << "cuDNN " << cudnnGetVersion()
+     << ", one sequence, causal, head_dim 128; times: ms per call, TFLOP/s; errors: "
         "relative L2 / max |difference| over max |bf16|\n\n"
-        "| model | shape | forward bf16 | forward FP8 | speed-up | backward bf16 | backward FP8 | speed-up | O error | "
-        "dQ error | dK error | dV error | Q's quantization |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "| model | shape | forward bf16 | forward FP8 | speed-up | backward bf16 | backward FP8 | speed-up | "
+        "O error | "
+        "dQ error | dK error | dV error | Q's quantization "
+        "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const std::vector<Problem> all = o.quick ? std::vector<Problem>{{"Qwen3-1.7B (quick)", 1024, 16, 8, 128}}
                                            : std::vector<Problem>{{"Qwen3-1.7B", 8192, 16, 8, 128},
                                                                   {"Qwen3-4B", 8192, 32, 8, 128},
