@@ -116,6 +116,19 @@ CLI::Validator integer_check(Int lo, Int hi = std::numeric_limits<Int>::max(), c
                                             : fmt::format("INT in [{} - {}]", lo, hi));
 }
 
+/// A CLI11 check of a path option that refuses an empty one ("expected a path, got an empty
+/// one (leave --base out for <what leaving it out means>)"): an empty value would read as the
+/// option left out, e.g. `--base "$UNSET_VARIABLE"` silently meaning the adapter's own base.
+inline CLI::Validator non_empty_path_check(const std::string& flag, const std::string& left_out) {
+  return CLI::Validator(
+      [flag, left_out](std::string& text) -> std::string {
+        return text.empty()
+                   ? fmt::format("expected a path, got an empty one (leave {} out for {})", flag, left_out)
+                   : std::string();
+      },
+      "PATH");
+}
+
 /// Registers option `flag` for the number `v` (an integer type or double) with a check that
 /// its text reads whole as one ("expected <expects>, got two") instead of CLI11's "Could not
 /// convert: --flag = two"; `expects` should be the words of the value's own range check, which

@@ -32,7 +32,8 @@ void add_export_gguf_command(CLI::App& app) {
       ->check(CLI::IsMember({"f16", "bf16", "q8_0"}));
   c->add_option("--base", o->base,
                 "a LoRA adapter folder's base model (default: the adapter_config.json's "
-                "base_model_name_or_path)");
+                "base_model_name_or_path)")
+      ->check(non_empty_path_check("--base", "the adapter's base_model_name_or_path"));
   c->add_flag("--force", o->force,
               "replace OUTPUT when it is a GGUF file export-gguf wrote (any other file is never replaced)");
   c->callback(reporting_errors([o] {

@@ -165,8 +165,9 @@ void add_generate_command(CLI::App& app) {
        "runs/lora/final: folded into its base model)")
       ->required();
   g->add_option(
-      "--base", c->base,
-      "a LoRA adapter folder's base model (default: the adapter_config.json's base_model_name_or_path)");
+       "--base", c->base,
+       "a LoRA adapter folder's base model (default: the adapter_config.json's base_model_name_or_path)")
+      ->check(non_empty_path_check("--base", "the adapter's base_model_name_or_path"));
   g->add_option("--prompt", c->prompt,
                 "plain text to continue (with the tokenizer's BOS, as HF tokenizer(text))");
   g->add_option("--chat", c->chat,

@@ -24,7 +24,8 @@ void add_merge_command(CLI::App& app) {
       ->required();
   c->add_option("output", o->out, "output folder (written atomically)")->required();
   c->add_option("--base", o->base,
-                "base model (.gguf or Hugging Face folder); default: the adapter's base_model_name_or_path");
+                "base model (.gguf or Hugging Face folder); default: the adapter's base_model_name_or_path")
+      ->check(non_empty_path_check("--base", "the adapter's base_model_name_or_path"));
   c->add_option(
        "--dtype", o->dtype,
        "dtype of the written weights: f32, bf16 or f16 (default bf16, as convert and a run's save_dtype; f32 "

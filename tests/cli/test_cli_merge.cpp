@@ -52,6 +52,28 @@ TEST(CliMerge, ErrorsAreOneLine) {
   fs::remove_all(d);
 }
 
+// An empty --base (an unset shell variable) is refused, not taken as no --base, which would
+// merge onto whatever base the adapter's config names.
+TEST(CliMerge, AnEmptyBaseIsRefusedNotTakenAsLeftOut) {
+  auto d = tmpdir();
+  const std::string adapter = kPeft + "untied_all/adapter";
+  for (const std::string& cmd : {"merge " + adapter + " " + (d / "out").string(),
+                                 "export-gguf " + adapter + " " + (d / "out.gguf").string(),
+                                 "generate " + adapter + " --prompt hi --max-tokens 1"}) {
+    SCOPED_TRACE(cmd);
+    const CliRun r = roundpipe(cmd + " --base ''", d);
+    EXPECT_EQ(r.code, 2) << r.err;  // a usage error, as every bad option
+    EXPECT_EQ(r.err.find("roundpipe: error: --base: expected a path, got an empty one (leave --base out for "
+                         "the adapter's base_model_name_or_path)"),
+              0u)
+        << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(d / "out"));
+  EXPECT_FALSE(fs::exists(d / "out.gguf"));
+  fs::remove_all(d);
+}
+
 // A folder's files and their sizes: "unchanged" is checked against this.
 std::map<std::string, uintmax_t> listing(const fs::path& dir) {
   std::map<std::string, uintmax_t> out;
