@@ -291,13 +291,14 @@ std::string this_program() {
 }
 
 /// The lines after "done:" naming what the run left, where it exists: the model (final/), its
-/// state for --resume (state/final/), the TensorBoard logs, and the command that tries the model.
+/// optimizer state (state/final/) with the --resume that goes on from it (which names final/, not
+/// the state folder), the TensorBoard logs, and the command that tries the model.
 void print_outputs(const TrainSpec& spec, const TrainResult& res) {
   std::error_code ec;
   if (res.checkpoint.empty() || !fs::is_directory(res.checkpoint, ec)) return;
   std::string saved = "model in " + res.checkpoint;
   if (const std::string state = state_dir_of(res.checkpoint); fs::is_directory(state, ec))
-    saved += fmt::format(", its state for --resume in {}", state);
+    saved += fmt::format(", its optimizer state in {} (go on with --resume {})", state, res.checkpoint);
   if (const std::string tb = (fs::path(spec.output_dir) / "tensorboard").string();
       spec.tensorboard && fs::is_directory(tb, ec))
     saved += fmt::format(", TensorBoard logs in {}", tb);

@@ -1,6 +1,6 @@
 // The end of `roundpipe train`: after the "done:" line it names what the run left that exists (the
-// model in final/, its state for --resume, the TensorBoard logs) and the `roundpipe generate`
-// command that tries the model, which runs as printed.
+// model in final/, its optimizer state and the --resume that goes on from it, the TensorBoard logs) and the
+// `roundpipe generate` command that tries the model, which runs as printed.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -28,9 +28,9 @@ TEST(CliSummary, NamesTheModelItsStateTheLogsAndTheCommandThatTriesIt) {
   CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   const std::string run = (d / "run").string();
-  EXPECT_EQ(line_starting(r.out, "model in "), "model in " + run + "/final, its state for --resume in " +
-                                                   run + "/state/final, TensorBoard logs in " + run +
-                                                   "/tensorboard")
+  EXPECT_EQ(line_starting(r.out, "model in "), "model in " + run + "/final, its optimizer state in " + run +
+                                                   "/state/final (go on with --resume " + run +
+                                                   "/final), TensorBoard logs in " + run + "/tensorboard")
       << r.out;
   const std::string try_it = line_starting(r.out, "try it: ");
   // the program as typed from the working folder: build/roundpipe below it, else its absolute path
@@ -50,8 +50,9 @@ TEST(CliSummary, NamesTheModelItsStateTheLogsAndTheCommandThatTriesIt) {
   r = roundpipe("train " + (d / "quiet.json").string(), d);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   const std::string quiet = (d / "quiet").string();
-  EXPECT_EQ(line_starting(r.out, "model in "),
-            "model in " + quiet + "/final, its state for --resume in " + quiet + "/state/final")
+  EXPECT_EQ(line_starting(r.out, "model in "), "model in " + quiet + "/final, its optimizer state in " +
+                                                   quiet + "/state/final (go on with --resume " + quiet +
+                                                   "/final)")
       << r.out;
   EXPECT_NE(line_starting(r.out, "try it: ").find(" generate " + quiet + "/final --chat \"...\""),
             std::string::npos)
