@@ -29,6 +29,11 @@ else()
   target_include_directories(_roundpipe PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/generated)
   add_dependencies(_roundpipe rp_git_commit)  # roundpipe_version.hpp's commit
   target_link_libraries(_roundpipe PRIVATE rp_cli)
+  # pybind11 links the module with -flto; GCC's link then warns that it runs its LTO jobs one
+  # after another unless told how many: as many as the machine has (the last -flto counts)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_link_options(_roundpipe PRIVATE -flto=auto)
+  endif()
   # build/python/roundpipe/ is the importable package (PYTHONPATH=build/python): the compiled
   # module beside links to the pure-Python files, so edits to them need no rebuild
   set(rp_py_pkg ${CMAKE_CURRENT_BINARY_DIR}/python/roundpipe)

@@ -238,8 +238,9 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
     CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
     expect_one_line_error(r, c.needle);
     EXPECT_FALSE(fs::exists(d / "run")) << c.extra;
-    if (c.needle.rfind("spec.json: key 'plan'", 0) == 0)  // refused before the model loads
+    if (c.needle.rfind("spec.json: key 'plan'", 0) == 0) {  // refused before the model loads
       EXPECT_EQ(r.out, "") << c.extra << ": printed before the refusal";
+    }
   }
   // --steps is checked with the schedule: it was applied after, so a warmup that fits the new
   // steps was refused against the file's and one that does not fit them trained at lr 0

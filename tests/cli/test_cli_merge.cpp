@@ -247,8 +247,9 @@ TEST(CliMerge, ConvertAndMergeRefuseTheRootHomeAndWorkingDirectory) {
                         "output is the root folder");
   // an empty output is no folder (it read as the root before); nothing is looked for or touched
   fs::create_directories(d / "home/work/out.tmp-999999999");
-  for (const std::string cmd : {"convert " + gguf + " ''",
-                                "merge " + kPeft + "untied_all/adapter '' --base " + kPeft + "base_untied"}) {
+  for (const std::string& cmd :
+       {"convert " + gguf + " ''",
+        "merge " + kPeft + "untied_all/adapter '' --base " + kPeft + "base_untied"}) {
     const CliRun r = roundpipe_in(d / "home/work", cmd, d, home);
     expect_one_line_error(r, "output folder: an empty path");
     EXPECT_EQ(r.out, "") << cmd;

@@ -234,7 +234,9 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
     // a plan file, or one that cannot be read, is the file's fault (exit 1), as every other input
     // file's; a usage error (exit 2) is the flag's own text only
     const bool file = want.rfind((d / "").string(), 0) == 0 || want.rfind("/dev/", 0) == 0;
-    if (file && args.find("--trace") == std::string::npos) EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+    if (file && args.find("--trace") == std::string::npos) {
+      EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+    }
     EXPECT_NE(r.code, 0) << args;
     EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;

@@ -128,7 +128,7 @@ TEST(CliTrace, NamesWithNumbersOutOfRangeAreNoError) {
             {"ph": "M", "name": "thread_name", "tid": 3, "args": {"name": "worker0.compute"}},
             {"ph": "X", "name": "F[0-1] (pass 1)", "tid": 3, "ts": 0, "dur": 20}]})j");
   const std::string big = (d / "big.json").string();
-  for (const std::string args : {"trace " + big, "trace " + big + " --skip-passes 1"}) {
+  for (const std::string& args : {"trace " + big, "trace " + big + " --skip-passes 1"}) {
     CliRun r = roundpipe(args, d);
     EXPECT_EQ(r.code, 0) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("sto"), std::string::npos) << args << ": " << r.err;

@@ -60,7 +60,9 @@ TEST(PrefetchRefine, NeverSlowerAlwaysWithinTheCapAndSometimesFaster) {
       for (const StageEstimate& e : r.stages) EXPECT_LE(e.memory_bytes, po.memory_cap) << r.plan.summary();
       const double t0 = predicted(costs, base, po), t1 = predicted(costs, r, po);
       EXPECT_LE(t1, t0 * (1 + 1e-12)) << gpus << " GPUs, cap " << cap;
-      if (before == 0) EXPECT_EQ(r.plan.stages, base.plan.stages) << "nothing to move at cap " << cap;
+      if (before == 0) {
+        EXPECT_EQ(r.plan.stages, base.plan.stages) << "nothing to move at cap " << cap;
+      }
       if (before > 0) ++with_refusals;
       if (r.plan.stages != base.plan.stages) {
         EXPECT_LT(t1, t0 * (1 - kPrefetchRefineMinGain)) << "a change must gain";
