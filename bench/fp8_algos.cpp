@@ -30,18 +30,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
-#include "base/atomic_file.hpp"
 #include "bench/bench_main.hpp"
 #include "bench/decoder_linears.hpp"
-#include "roundpipe_version.hpp"
+#include "bench/report_file.hpp"
 #ifdef RP_HAVE_CUDA
 #include "bench/expert_gemm_blas.hpp"
 #endif
@@ -346,26 +343,10 @@ int main(int argc, char** argv) {
   app.add_flag("--force", o.force, "replace an existing --out file");
   if (auto rc = bench::parse_options(app, argc, argv, "bench_fp8_algos")) return *rc;
   return bench::guarded_main("bench_fp8_algos", [&] {
-    if (!o.out.empty() && !o.force && std::filesystem::exists(o.out)) {
-      std::fprintf(
-          stderr,
-          "bench_fp8_algos: --out %s: the file exists (remove it, choose another name or pass --force)\n",
-          o.out.c_str());
-      return 2;
-    }
-    std::string command = "bench_fp8_algos", table, device;
-    for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+    if (bench::out_is_taken("bench_fp8_algos", o.out, o.force)) return 2;
+    std::string table, device;
     const int rc = run_all(o, table, device);
-    if (!o.out.empty() && !table.empty()) {
-      const std::time_t now = std::time(nullptr);
-      char date[64];
-      std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-      rp::write_file_atomically(o.out, [&](std::ostream& os) {
-        os << "# bench_fp8_algos\n\n- command: `" << command << "`\n- commit: " << rp::kGitCommit
-           << "\n- machine: " << device << "\n- date: " << date << "\n\n"
-           << table;
-      });
-    }
+    bench::write_report(o.out, "bench_fp8_algos", bench::command_line(argc, argv), device, table);
     if (rc != 0) std::fprintf(stderr, "bench_fp8_algos: an algorithm's output differs from the first's\n");
     return rc;
   });

@@ -17,8 +17,8 @@ namespace bench {
 /// is given, exists and `force` is off: the program should exit 2 before measuring.
 inline bool out_is_taken(const char* program, const std::string& out, bool force) {
   if (out.empty() || force || !std::filesystem::exists(out)) return false;
-  std::fprintf(stderr, "%s: --out %s: the file exists (remove it, choose another name or pass --force)\n", program,
-               out.c_str());
+  std::fprintf(stderr, "%s: --out %s: the file exists (remove it, choose another name or pass --force)\n",
+               program, out.c_str());
   return true;
 }
 
