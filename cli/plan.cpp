@@ -334,7 +334,12 @@ std::optional<Profile> plan_profile(const PlanCommandOptions& o, const PlanComma
                                          profile.num_layers(), planned.num_layers()));
   source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
   if (profile.n_seq() != oo.sequences_per_micro || profile.seq_len() != oo.seq_len)
-    source += fmt::format("; warning: measured at {} x {} tokens", profile.n_seq(), profile.seq_len());
+    source += fmt::format(
+        "; warning: measured at {} x {} tokens a micro-batch, planned at {} x {}: the measured layers keep "
+        "the measured times, so the plan's are those of the measured shape (measure a profile at {} x {} for "
+        "this plan)",
+        profile.n_seq(), profile.seq_len(), oo.sequences_per_micro, oo.seq_len, oo.sequences_per_micro,
+        oo.seq_len);
   check_profile_compute(profile, o, planned, fp8_wgrad, source);
   return profile;
 }

@@ -102,6 +102,25 @@ TEST(CliPlanProfile, AProfileWithoutTheRecordPlansWithOneWarning) {
   fs::remove_all(d);
 }
 
+// A profile measured at another micro-batch shape plans with a warning that says what it means:
+// the measured layers keep their measured times (they are not rescaled to the planned tokens).
+TEST(CliPlanProfile, AProfileOfAnotherShapeSaysItsTimesAreThatShapes) {
+  auto d = tmpdir();
+  const fs::path run = trained(d, "run", "");
+  const rp::Profile p = rp::Profile::load((run / "profile.json").string());
+  const std::string measured = std::to_string(p.n_seq()) + " x " + std::to_string(p.seq_len());
+  const CliRun same = plan(d, run, " --sequences-per-micro " + std::to_string(p.n_seq()));
+  ASSERT_EQ(same.code, 0) << same.err;
+  EXPECT_EQ(same.out.find("warning"), std::string::npos) << same.out;
+  const int64_t other = p.n_seq() + 1;
+  const CliRun r = plan(d, run, " --sequences-per-micro " + std::to_string(other));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string want = "warning: measured at " + measured + " tokens a micro-batch, planned at " +
+                           std::to_string(other) + " x 16: the measured layers keep the measured times";
+  EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
 // The profile a run wrote plans; the same file with a syntax error, a key given twice or a key
 // misspelt ("layer" for "layers") is one line naming the file, and the line and column, the line,
 // or the key and the keys expected.
