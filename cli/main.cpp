@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -47,6 +48,20 @@ int main(int argc, char** argv) {
                  "roundpipe: error: unknown command '{}'; expected train, convert, merge, export-gguf, plan, "
                  "trace or generate (see roundpipe --help)\n",
                  rp::excerpt(cmd));
+      return 2;
+    }
+  }
+  // "--base=" (an unset shell variable after '='): CLI11 would take the next argument as its value
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--") break;
+    if (a.size() > 3 && a.substr(0, 2) == "--" && a.find('=') == a.size() - 1) {
+      const std::string_view flag = a.substr(0, a.size() - 1);
+      fmt::print(
+          stderr,
+          "roundpipe: error: {}: nothing after '=' (an unset shell variable?): give a value or leave {} "
+          "out (see roundpipe --help)\n",
+          rp::excerpt(std::string(a)), rp::excerpt(std::string(flag)));
       return 2;
     }
   }

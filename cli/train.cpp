@@ -298,7 +298,8 @@ void print_outputs(const TrainSpec& spec, const TrainResult& res) {
   if (res.checkpoint.empty() || !fs::is_directory(res.checkpoint, ec)) return;
   std::string saved = "model in " + res.checkpoint;
   if (const std::string state = state_dir_of(res.checkpoint); fs::is_directory(state, ec))
-    saved += fmt::format(", its optimizer state in {} (go on with --resume {})", state, res.checkpoint);
+    saved += fmt::format(", its optimizer state in {} (go on with --resume {})", state,
+                         shell_quoted(res.checkpoint));
   if (const std::string tb = (fs::path(spec.output_dir) / "tensorboard").string();
       spec.tensorboard && fs::is_directory(tb, ec))
     saved += fmt::format(", TensorBoard logs in {}", tb);

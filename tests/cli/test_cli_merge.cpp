@@ -69,6 +69,18 @@ TEST(CliMerge, AnEmptyBaseIsRefusedNotTakenAsLeftOut) {
         << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+  // "--base=" with nothing after it: CLI11 took the next argument as the base (here the adapter)
+  for (const std::string& args : {"merge --base= " + adapter + " " + adapter + " " + (d / "out").string(),
+                                  "generate --base= " + adapter + " --prompt hi"}) {
+    SCOPED_TRACE(args);
+    const CliRun r = roundpipe(args, d);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: --base=: nothing after '=' (an unset shell variable?): give a "
+                         "value or leave --base out"),
+              0u)
+        << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
   EXPECT_FALSE(fs::exists(d / "out"));
   EXPECT_FALSE(fs::exists(d / "out.gguf"));
   fs::remove_all(d);

@@ -57,6 +57,14 @@ TEST(CliSummary, NamesTheModelItsStateTheLogsAndTheCommandThatTriesIt) {
   EXPECT_NE(line_starting(r.out, "try it: ").find(" generate " + quiet + "/final --chat \"...\""),
             std::string::npos)
       << r.out;
+  // a folder the shell would split: the --resume it names is quoted to paste as it is
+  write(d / "spaced.json", spec_for(model, d / "data.jsonl", d / "my run", ", \"tensorboard\": false"));
+  r = roundpipe("train " + (d / "spaced.json").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const std::string spaced = (d / "my run").string();
+  EXPECT_NE(line_starting(r.out, "model in ").find("(go on with --resume '" + spaced + "/final')"),
+            std::string::npos)
+      << r.out;
   fs::remove_all(d);
 }
 
