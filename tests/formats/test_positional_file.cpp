@@ -88,14 +88,14 @@ TEST(PositionalFile, PiecesHoldWholeUnitsAndCoverTheRangeInOrder) {
   EXPECT_THROW(f.read_chunks(0, 35, 34, "x", [](const uint8_t*, uint64_t, uint64_t) {}), std::logic_error);
 }
 
-/// Copies `original` to `path` `trials` times; each time opens it, cuts the file to a quarter
-/// (the first time before the read, then from another thread after delays spread over one
-/// read's duration) and reads it with `read`: each read either returns `want` or fails with
-/// one line saying the file shrank. The process must survive every cut.
+/// Copies `original` to `path` `trials` times; each time opens it, changes the file with
+/// `disturb` (the first time before the read, then from another thread after delays spread over
+/// one read's duration) and reads it with `read`: each read either returns `want` or fails with
+/// one line saying the file changed. The process must survive every change.
 template <class File>
-void cut_while_reading(const std::string& original, const std::string& path, int trials,
-                       const std::function<std::vector<float>(const File&)>& read,
-                       const std::vector<float>& want) {
+void disturb_while_reading(const std::string& original, const std::string& path, int trials,
+                           const std::function<std::vector<float>(const File&)>& read,
+                           const std::vector<float>& want, const std::function<void()>& disturb) {
   fs::copy_file(original, path, fs::copy_options::overwrite_existing);
   auto t0 = std::chrono::steady_clock::now();
   {
@@ -106,17 +106,17 @@ void cut_while_reading(const std::string& original, const std::string& path, int
   int whole = 0, refused = 0;
   for (int i = 0; i < trials; ++i) {
     fs::copy_file(original, path, fs::copy_options::overwrite_existing);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the copy's timestamp tick passes
     const File f(path);
-    const auto cut_file = [&] { fs::resize_file(path, fs::file_size(original) / 4); };
-    if (i == 0) cut_file();
+    if (i == 0) disturb();
     const auto delay = one_read * (i - 1) / (trials - 1);
-    std::thread cut([&] {
+    std::thread other([&] {
       if (i == 0) return;
       std::this_thread::sleep_for(delay);
-      cut_file();
+      disturb();
     });
     try {
-      EXPECT_EQ(read(f), want);
+      EXPECT_EQ(read(f), want) << "trial " << i;
       ++whole;
     } catch (const std::runtime_error& e) {
       const std::string what = e.what();
@@ -124,10 +124,19 @@ void cut_while_reading(const std::string& original, const std::string& path, int
       EXPECT_EQ(what.find('\n'), std::string::npos) << what;
       ++refused;
     }
-    cut.join();
+    other.join();
   }
   EXPECT_EQ(whole + refused, trials);
   EXPECT_GT(refused, 0);  // at least the first
+}
+
+/// disturb_while_reading, the file cut to a quarter of its size.
+template <class File>
+void cut_while_reading(const std::string& original, const std::string& path, int trials,
+                       const std::function<std::vector<float>(const File&)>& read,
+                       const std::vector<float>& want) {
+  disturb_while_reading<File>(original, path, trials, read, want,
+                              [&] { fs::resize_file(path, fs::file_size(original) / 4); });
 }
 
 TEST(ModelFiles, AFileCutWhileATensorIsReadFailsTheReadNotTheProcess) {
@@ -221,35 +230,11 @@ TEST(ModelFiles, AFileCopiedOverWhileATensorIsReadGivesItsValuesOrOneLineNeverAM
   }
   save_safetensors(dir / "a.safetensors", {TensorRef{"w", {n}, va.data(), {}}}, DType::bf16);
   save_safetensors(dir / "b.safetensors", {TensorRef{"w", {n}, vb.data(), {}}}, DType::bf16);
-  const std::string path = dir / "in.safetensors";
-  auto t0 = std::chrono::steady_clock::now();
-  fs::copy_file(dir / "a.safetensors", path);
-  { ASSERT_EQ(SafetensorsFile(path).read_f32(*SafetensorsFile(path).find("w")).data, va); }
-  const auto one_read = std::chrono::steady_clock::now() - t0;
   const std::vector<uint8_t> bytes_b = test::read_bytes(dir / "b.safetensors");
-  int whole = 0, refused = 0;
-  const int trials = 10;
-  for (int i = 0; i < trials; ++i) {
-    fs::copy_file(dir / "a.safetensors", path, fs::copy_options::overwrite_existing);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the copy's timestamp tick passes
-    const SafetensorsFile f(path);
-    std::thread cp([&] {
-      std::this_thread::sleep_for(one_read * i / trials);
-      test::write_bytes(path, bytes_b);  // truncates, then writes
-    });
-    try {
-      EXPECT_EQ(f.read_f32(*f.find("w")).data, va) << "delay " << i;
-      ++whole;
-    } catch (const std::runtime_error& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(what.rfind(path + ": tensor 'w': the file changed while being read", 0), 0u) << what;
-      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-      ++refused;
-    }
-    cp.join();
-  }
-  EXPECT_EQ(whole + refused, trials);
-  EXPECT_GT(refused, 0);  // at least the first (no delay)
+  const std::string path = dir / "in.safetensors";
+  disturb_while_reading<SafetensorsFile>(
+      dir / "a.safetensors", path, 10, [](const SafetensorsFile& f) { return f.read_f32(*f.find("w")).data; },
+      va, [&] { test::write_bytes(path, bytes_b); });  // as cp: truncates, then writes
 }
 
 }  // namespace
