@@ -53,6 +53,7 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include "bench/fp8_device.hpp"
 #include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/fp8.hpp"
@@ -473,19 +474,10 @@ void measure(cudnnHandle_t h, cudaStream_t st, const Problem& p, int reps, doubl
 }
 
 int run_all(const Options& o, std::string& table, std::string& device) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("no CUDA device visible: nothing to measure\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  const std::optional<cudaDeviceProp> found = bench::fp8_device();
+  if (!found) return 0;
+  const cudaDeviceProp& prop = *found;
   device = prop.name;
-  if (prop.major * 10 + prop.minor < 89) {
-    std::printf("%s: no FP8 tensor cores (compute capability %d.%d): nothing to measure\n", prop.name,
-                prop.major, prop.minor);
-    return 0;
-  }
   std::printf("device: %s, cuDNN %zu\n", prop.name, size_t(cudnnGetVersion()));
   cudaStream_t st = nullptr;
   ok(cudaStreamCreate(&st), "cudaStreamCreate");

@@ -41,6 +41,7 @@
 #include "bench/report_file.hpp"
 #ifdef RP_HAVE_CUDA
 #include "bench/expert_gemm_blas.hpp"
+#include "bench/fp8_device.hpp"
 #endif
 
 namespace {
@@ -283,19 +284,10 @@ bool time_pass(cublasLtHandle_t h, cudaStream_t st, void* ws, const Linear& l, P
 }
 
 int run_all(const Options& o, std::string& table, std::string& device) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("no CUDA device visible: nothing to measure\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  const std::optional<cudaDeviceProp> found = bench::fp8_device();
+  if (!found) return 0;
+  const cudaDeviceProp& prop = *found;
   device = prop.name;
-  if (prop.major * 10 + prop.minor < 89) {
-    std::printf("%s: no FP8 tensor cores (compute capability %d.%d): nothing to measure\n", prop.name,
-                prop.major, prop.minor);
-    return 0;
-  }
   std::printf("device: %s\n", prop.name);
   cublasLtHandle_t h = nullptr;
   check(cublasLtCreate(&h), "cublasLtCreate");

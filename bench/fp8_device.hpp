@@ -23,8 +23,8 @@ inline std::optional<cudaDeviceProp> fp8_device() {
   if (const cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess)
     throw std::runtime_error(std::string("CUDA error in cudaGetDeviceProperties: ") + cudaGetErrorString(e));
   if (prop.major * 10 + prop.minor < 89) {
-    std::printf("%s: no FP8 tensor cores (compute capability %d.%d): nothing to measure\n", prop.name, prop.major,
-                prop.minor);
+    std::printf("%s: no FP8 tensor cores (compute capability %d.%d): nothing to measure\n", prop.name,
+                prop.major, prop.minor);
     return std::nullopt;
   }
   return prop;
